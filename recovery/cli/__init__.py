@@ -1,0 +1,51 @@
+"""The ``recover`` command line. Thin: each command parses options and calls one function.
+
+Heavy imports (jax, the Slurm adapter) happen inside the commands that need them so that
+``recover --help`` and ``recover checkpoint ls`` stay fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from recovery.cli import checkpoint as _checkpoint
+from recovery.cli import cluster as _cluster
+from recovery.cli import train as _train
+from recovery.errors import RecoverError
+
+app = typer.Typer(
+    name="recover",
+    help="Keep large training runs alive: verified checkpoints, resumable training, "
+    "fault recovery on Slurm (and Kubernetes).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(_checkpoint.app, name="checkpoint")
+app.add_typer(_cluster.app, name="cluster")
+_train.register(app)
+_cluster.register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; a :class:`RecoverError` becomes a one-paragraph message and its exit code."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except RecoverError as e:
+        print(f"recover: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except typer.Exit as e:
+        return int(e.exit_code)
+    except typer.Abort:
+        print("recover: aborted", file=sys.stderr)
+        return 130
+    except Exception as e:  # click usage errors and the like
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            return e.exit_code
+        raise
+    return 0

@@ -1,0 +1,108 @@
+"""The project's own error hierarchy, rooted in :class:`RecoverError`.
+
+Two families matter to callers:
+
+* :class:`TransientError` - the other side could not be reached or was busy; the same call may
+  succeed later, so callers retry with backoff (``delay`` is a hint in seconds).
+* everything else is a verdict (bad input, a refused request, a damaged checkpoint); retrying
+  the same call gives the same answer, so it is never retried.
+
+Library errors are chained with ``raise ... from e`` so the original cause stays visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class RecoverError(Exception):
+    """Root of every error this project raises on purpose."""
+
+    #: Process exit status the CLI uses when this error ends a command.
+    exit_code: int = 1
+
+
+class TransientError(RecoverError):
+    """The operation may succeed if retried later (transport failure, busy daemon)."""
+
+    def __init__(self, message: str, *, delay: float = 1.0) -> None:
+        super().__init__(message)
+        #: Suggested wait before retrying, in seconds.
+        self.delay = delay
+
+
+class UsageError(RecoverError):
+    """Bad input from a user: an unknown name, a malformed value, a missing path."""
+
+    exit_code = 2
+
+
+def unknown_choice(kind: str, value: object, known: Iterable[object]) -> UsageError:
+    """Build the standard "Unknown <kind> 'x'. Known: a, b, c" error."""
+    names = ", ".join(sorted(str(k) for k in known)) or "(none)"
+    return UsageError(f"Unknown {kind} {value!r}. Known: {names}")
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+class CheckpointError(RecoverError):
+    """Something is wrong with checkpoints on disk or with the request made of them."""
+
+    exit_code = 3
+
+
+class CheckpointDamaged(CheckpointError):
+    """One checkpoint failed verification; ``reason`` says which check and why."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(f"checkpoint step {step} is damaged: {reason}")
+        self.step = step
+        self.reason = reason
+
+
+class NoCheckpointError(CheckpointError):
+    """Resume was requested but the directory holds no checkpoint at all."""
+
+
+class AllCheckpointsDamagedError(CheckpointError):
+    """Every checkpoint in the directory failed verification."""
+
+    def __init__(self, directory: str, failures: Sequence[tuple[int, str]]) -> None:
+        lines = "\n".join(f"  step {step}: {reason}" for step, reason in failures)
+        super().__init__(
+            f"no intact checkpoint in {directory}; every one failed verification:\n{lines}"
+        )
+        self.failures = list(failures)
+
+
+class ConfigMismatchError(CheckpointError):
+    """The checkpoint was written by a run with a different configuration."""
+
+    def __init__(self, step: int, differences: Sequence[tuple[str, object, object]]) -> None:
+        lines = "\n".join(
+            f"  {field}: checkpoint has {saved!r}, this run has {current!r}"
+            for field, saved, current in differences
+        )
+        super().__init__(
+            f"checkpoint step {step} was written with a different run configuration:\n{lines}\n"
+            "Resume with the original settings, or start a new run in another directory."
+        )
+        self.step = step
+        self.differences = list(differences)
+
+
+class StepBehindError(CheckpointError):
+    """The requested final step is before the newest checkpoint's step."""
+
+
+class CheckpointExistsError(CheckpointError):
+    """A fresh run was requested in a directory that already holds checkpoints."""
+
+
+class RunLockedError(CheckpointError):
+    """Another live process is writing checkpoints in the same directory."""
+
+
+class BackgroundSaveError(CheckpointError):
+    """An asynchronous save failed in the background; the cause is chained."""

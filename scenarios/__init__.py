@@ -1,0 +1,2 @@
+"""scenarios: fault scenarios as data and the runner that injects, observes and reports.
+Not built yet."""
