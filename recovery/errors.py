@@ -106,3 +106,51 @@ class RunLockedError(CheckpointError):
 
 class BackgroundSaveError(CheckpointError):
     """An asynchronous save failed in the background; the cause is chained."""
+
+
+# --- slurm -----------------------------------------------------------------------------------
+
+
+class SlurmError(RecoverError):
+    """Slurm answered, but not with what was asked: a refused request, an unexpected reply."""
+
+    exit_code = 4
+
+
+class SlurmUnavailableError(TransientError):
+    """slurmctld could not be reached (down, connection refused, timed out); retry later."""
+
+
+class SlurmRefusedError(SlurmError):
+    """slurmctld refused the request (invalid state transition, permission); never retried."""
+
+
+class ReasonNotOursError(SlurmRefusedError):
+    """The node is out of service for a reason someone else set; we only undo our own marks."""
+
+    def __init__(self, node: str, reason: str, set_by: str) -> None:
+        who = set_by or "unknown user"
+        super().__init__(
+            f"node {node} is out of service with reason {reason!r} set by {who}; "
+            "it is not ours (no 'recover:' prefix), so it is left alone. "
+            "Pass force=True (--force) to resume it anyway."
+        )
+        self.node = node
+        self.reason = reason
+        self.set_by = set_by
+
+
+class NoSpareError(SlurmError):
+    """A spare was requested but none is held in the pool."""
+
+
+class SlurmNotInstalledError(RecoverError):
+    """A Slurm or munge program is missing from this machine."""
+
+    exit_code = 5
+
+
+class ClusterError(RecoverError):
+    """The local Slurm cluster could not be started, inspected or stopped."""
+
+    exit_code = 6

@@ -21,6 +21,7 @@ app = typer.Typer(
     "fault recovery on Slurm (and Kubernetes).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     add_completion=False,
 )
 app.add_typer(_checkpoint.app, name="checkpoint")
@@ -41,11 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         print("recover: aborted", file=sys.stderr)
         return 130
-    except Exception as e:  # click usage errors and the like
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            return e.exit_code
-        raise
+    except typer.TyperException as e:  # usage errors: unknown option, missing value, ...
+        show = getattr(e, "show", None)
+        if callable(show):
+            show()
+        else:
+            print(f"recover: error: {e.format_message()}", file=sys.stderr)
+        return int(e.exit_code)
     return 0

@@ -1,14 +1,164 @@
 """``recover cluster ...`` and ``recover sbatch``: the local Slurm cluster and job submission.
 
-Placeholder until the Slurm work lands; the commands are wired by ``register``.
+Thin: each command parses its options and calls one function in ``slurm/``. The Slurm modules
+are imported inside the commands so ``recover --help`` stays fast.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from typer.core import TyperCommand
 
 app = typer.Typer(help="Start, inspect and stop a real local Slurm cluster.", no_args_is_help=True)
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="Folder holding the cluster's conf, logs, spool and pids "
+        "[default: $RECOVER_STATE_DIR/slurm or ./.state/slurm].",
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+def _state_dir(state_dir: Path | None) -> Path:
+    from slurm.cluster import default_state_dir
+
+    return state_dir.absolute() if state_dir else default_state_dir()
+
+
+@app.command()
+def up(
+    nodes: Annotated[int, typer.Option(help="Compute nodes (node1..nodeN).")] = 4,
+    spares: Annotated[int, typer.Option(help="Spare nodes held drained (spare1..).")] = 1,
+    state_dir: StateDir = None,
+    slurmd_timeout: Annotated[
+        int, typer.Option(help="Seconds before a silent slurmd's node goes DOWN.")
+    ] = 10,
+    as_json: AsJson = False,
+) -> None:
+    """Start munge, slurmctld and one slurmd per node; return once all nodes are idle."""
+    from slurm.cluster import LocalCluster
+
+    info = LocalCluster(_state_dir(state_dir), slurmd_timeout_s=slurmd_timeout).up(
+        nodes=nodes, spares=spares
+    )
+    if as_json:
+        typer.echo(json.dumps(info.to_json(), indent=2))
+        return
+    verb = "started" if info.started else "already running"
+    typer.echo(f"cluster {verb}: nodes {', '.join(info.nodes)}; spares {', '.join(info.spares)}")
+    typer.echo(f"export SLURM_CONF={shlex.quote(str(info.conf_path))}")
+
+
+@app.command()
+def down(state_dir: StateDir = None) -> None:
+    """Stop every process the cluster started (a no-op when none runs)."""
+    from slurm.cluster import LocalCluster
+
+    stopped = LocalCluster(_state_dir(state_dir)).down()
+    typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "no cluster was running")
+
+
+@app.command()
+def status(state_dir: StateDir = None, as_json: AsJson = False) -> None:
+    """Show the cluster's processes and nodes (state, flags, reason)."""
+    from slurm.cluster import LocalCluster
+
+    st = LocalCluster(_state_dir(state_dir)).status()
+    typer.echo(json.dumps(st.to_json(), indent=2) if as_json else st.render())
+    if not st.running:
+        raise typer.Exit(1)
+
+
+@app.command()
+def env(state_dir: StateDir = None) -> None:
+    """Print the line that points Slurm's commands at the cluster: eval "$(recover cluster env)"."""
+    from slurm.cluster import resolve_conf
+
+    conf = resolve_conf(None, _state_dir(state_dir))
+    typer.echo(f"export SLURM_CONF={shlex.quote(str(conf))}")
+
+
+@app.command()
+def promote(state_dir: StateDir = None) -> None:
+    """Bring one spare into service and print its name."""
+    from slurm.cluster import LocalCluster
+    from slurm.spares import SparePool
+
+    typer.echo(SparePool(LocalCluster(_state_dir(state_dir)).control()).promote())
+
+
+@app.command()
+def retire(
+    node: Annotated[str, typer.Argument(help="Node to take back into the spare pool.")],
+    state_dir: StateDir = None,
+) -> None:
+    """Take a (repaired) node out of service into the spare pool."""
+    from slurm.cluster import LocalCluster
+    from slurm.spares import SparePool
+
+    changed = SparePool(LocalCluster(_state_dir(state_dir)).control()).retire(node)
+    typer.echo(f"{node}: {'retired into the pool' if changed else 'already a spare'}")
+
+
+class _KeepsRawArgs(TyperCommand):
+    """Remembers the raw arguments: click drops the ``--`` that separates sbatch's options
+    from the training command, and only the raw list still shows where it was."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta["recover.raw_args"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def sbatch(
+    ctx: typer.Context,
+    signal_lead: Annotated[
+        int, typer.Option(help="Seconds before the time limit that USR1 is sent.")
+    ] = 60,
+    job_name: Annotated[str | None, typer.Option(help="Job name [default: recover-train].")] = None,
+    slurm_conf: Annotated[
+        str | None, typer.Option(envvar="SLURM_CONF", help="slurm.conf [default: local cluster].")
+    ] = None,
+    state_dir: StateDir = None,
+    print_script: Annotated[
+        bool, typer.Option(help="Print the batch script instead of submitting it.")
+    ] = False,
+) -> None:
+    """Submit `-- COMMAND...` as a requeueable job: recover sbatch [sbatch options] -- recover
+    train ...; prints the job id."""
+    from slurm.cli_slurm import CliSlurm
+    from slurm.cluster import resolve_conf
+    from slurm.sbatch import render_batch_script, submit_training, with_auto_resume
+
+    raw: list[str] = ctx.meta.get("recover.raw_args", [])
+    command = raw[raw.index("--") + 1 :] if "--" in raw else []
+    sbatch_args = ctx.args[: len(ctx.args) - len(command)]
+    if print_script:
+        typer.echo(render_batch_script(with_auto_resume(command), signal_lead_s=signal_lead))
+        return
+    conf = resolve_conf(slurm_conf, _state_dir(state_dir))
+    job_id = submit_training(
+        CliSlurm(conf, env=os.environ),
+        command,
+        sbatch_args=sbatch_args,
+        signal_lead_s=signal_lead,
+        job_name=job_name,
+    )
+    typer.echo(job_id)
 
 
 def register(root: typer.Typer) -> None:
     """Attach top-level commands that belong to the Slurm side (``recover sbatch``)."""
+    root.command(
+        "sbatch",
+        cls=_KeepsRawArgs,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )(sbatch)

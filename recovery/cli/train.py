@@ -2,8 +2,95 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from recovery.errors import UsageError
+
+
+def train(
+    run_dir: Annotated[Path, typer.Option(help="Run directory: events.jsonl and checkpoints/.")],
+    steps: Annotated[int, typer.Option(help="Final step (total updates, not additional ones).")],
+    save_every: Annotated[int, typer.Option(help="Checkpoint every K steps and at the end.")],
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the newest intact checkpoint.")
+    ] = False,
+    auto_resume: Annotated[
+        bool,
+        typer.Option(
+            "--auto-resume",
+            help="Continue if a checkpoint exists, else start fresh (for requeued jobs).",
+        ),
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Seed of parameters, dropout and data.")] = 0,
+    lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 1e-3,
+    model: Annotated[
+        str, typer.Option(help="Model preset: mlp-tiny, mlp-small, mlp-medium, mlp-1g.")
+    ] = "mlp-tiny",
+    keep_last: Annotated[int, typer.Option(help="Retention: newest checkpoints kept.")] = 3,
+    keep_every: Annotated[
+        int | None, typer.Option(help="Retention: also keep steps divisible by this.")
+    ] = None,
+    sync_save: Annotated[
+        bool, typer.Option("--sync-save", help="Block on every save instead of saving async.")
+    ] = False,
+    step_sleep: Annotated[
+        float, typer.Option(help="Seconds to pause after each step (demos, fault tests).")
+    ] = 0.0,
+    cpu_devices: Annotated[
+        int | None,
+        typer.Option(help="Split the host CPU into N JAX devices (sets XLA_FLAGS)."),
+    ] = None,
+) -> None:
+    """Train a small real JAX model with verified, resumable checkpoints.
+
+    Events go to RUN_DIR/events.jsonl. On SIGTERM or SIGUSR1 the current step finishes, a
+    checkpoint is saved and the process exits with status 75 (resume it with --resume or
+    --auto-resume). Exit status 0: completed; 2: bad options; 3: checkpoint problem.
+    """
+    if resume and auto_resume:
+        raise UsageError("--resume and --auto-resume are exclusive; pass one")
+    if cpu_devices is not None:
+        _force_cpu_devices(cpu_devices)
+
+    from recovery.train.loop import EXIT_PREEMPTED, ResumeMode, TrainOptions, run_training
+
+    mode = ResumeMode.required if resume else ResumeMode.auto if auto_resume else ResumeMode.never
+    outcome = run_training(
+        TrainOptions(
+            run_dir=run_dir,
+            steps=steps,
+            save_every=save_every,
+            resume=mode,
+            seed=seed,
+            lr=lr,
+            model=model,
+            keep_last=keep_last,
+            keep_every=keep_every,
+            async_save=not sync_save,
+            step_sleep=step_sleep,
+        )
+    )
+    if outcome.preempted:
+        raise typer.Exit(EXIT_PREEMPTED)
+    typer.echo(f"completed step {outcome.step} state_digest {outcome.state_digest}")
+
+
+def _force_cpu_devices(n: int) -> None:
+    import sys
+
+    if n < 1:
+        raise UsageError(f"--cpu-devices must be >= 1 (got {n})")
+    if "jax" in sys.modules:
+        raise UsageError("--cpu-devices must be set before JAX is imported")
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def register(root: typer.Typer) -> None:
     """Attach ``recover train`` to the root command."""
+    root.command("train")(train)

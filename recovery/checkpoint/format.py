@@ -1,0 +1,255 @@
+"""The on-disk checkpoint format: names, the manifest and its validation.
+
+A checkpoint is one directory per step under a checkpoint root::
+
+    <root>/step_00000008/
+        manifest.json        written last; its presence marks a finished save
+        L00000.bin           raw little-endian bytes of leaf 0 (C order, no header)
+        L00001.bin           ...
+
+Every leaf file is readable with numpy alone::
+
+    np.fromfile(dir / leaf["file"], dtype=leaf["dtype"]).reshape(leaf["shape"])
+
+(``bfloat16`` and the other ML dtypes need ``import ml_dtypes`` first, which jax installs.)
+The full description lives in ``docs/checkpoint-format.md``; keep the two in step.
+
+Nothing here is ever unpickled: the manifest is JSON and leaves are raw bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+FORMAT_NAME = "recover-checkpoint"
+FORMAT_VERSION = 1
+DIGEST_ALGORITHM = "xxh3_128"
+MANIFEST = "manifest.json"
+
+STEP_DIR_RE = re.compile(r"^step_(\d{8,})$")
+TMP_PREFIX = ".tmp-"
+TRASH_PREFIX = ".trash-"
+DAMAGED_PREFIX = ".damaged-"
+
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "format": str,
+    "format_version": int,
+    "step": int,
+    "created_unix": (int, float),
+    "run_config": dict,
+    "run_config_id": str,
+    "metadata": dict,
+    "digest_algorithm": str,
+    "leaves": list,
+    "total_bytes": int,
+    "manifest_checksum": str,
+}
+_LEAF_REQUIRED: dict[str, type] = {
+    "path": str,
+    "file": str,
+    "dtype": str,
+    "shape": list,
+    "nbytes": int,
+    "digest": str,
+}
+_LEAF_FILE_RE = re.compile(r"^L\d{5,}\.bin$")
+
+
+def step_dir_name(step: int) -> str:
+    """Directory name of a step: zero-padded so that names sort like numbers."""
+    return f"step_{step:08d}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    """Step number of a committed checkpoint directory name, or None for anything else."""
+    m = STEP_DIR_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def new_hasher() -> Any:
+    """A fresh streaming hasher of the format's digest algorithm (xxh3-128)."""
+    return xxhash.xxh3_128()
+
+
+def canonical_json(value: Any) -> bytes:
+    """Deterministic JSON bytes (sorted keys, no whitespace) used for identities and checksums."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def config_identity(run_config: Mapping[str, Any]) -> str:
+    """Digest of a run configuration; two runs with equal identity produce the same trajectory."""
+    return str(xxhash.xxh3_128_hexdigest(canonical_json(dict(run_config))))
+
+
+def manifest_checksum(manifest: Mapping[str, Any]) -> str:
+    """Checksum over every manifest field except the checksum itself."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_checksum"}
+    return str(xxhash.xxh3_128_hexdigest(canonical_json(body)))
+
+
+@dataclass(frozen=True)
+class LeafEntry:
+    """One array of the saved state, as the manifest records it."""
+
+    path: str
+    """Key path of the leaf in the state tree, e.g. ``params/layers/0/w``."""
+    file: str
+    """File name inside the step directory."""
+    dtype: str
+    """numpy dtype name (``float32``, ``bfloat16``, ...); bytes are little-endian."""
+    shape: tuple[int, ...]
+    """Array shape; the file holds ``prod(shape) * itemsize`` bytes in C order."""
+    nbytes: int
+    """Exact file size in bytes."""
+    digest: str
+    """xxh3-128 of the file's bytes, 32 lowercase hex digits."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "file": self.file,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "nbytes": self.nbytes,
+            "digest": self.digest,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest."""
+
+    step: int
+    created_unix: float
+    run_config: dict[str, Any]
+    run_config_id: str
+    metadata: dict[str, Any]
+    leaves: tuple[LeafEntry, ...]
+    total_bytes: int
+
+
+def build_manifest(
+    *,
+    step: int,
+    created_unix: float,
+    run_config: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    leaves: list[LeafEntry],
+) -> dict[str, Any]:
+    """The JSON object written as ``manifest.json``, checksum included."""
+    manifest: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "created_unix": created_unix,
+        "run_config": dict(run_config),
+        "run_config_id": config_identity(run_config),
+        "metadata": dict(metadata),
+        "digest_algorithm": DIGEST_ALGORITHM,
+        "leaves": [leaf.to_json() for leaf in leaves],
+        "total_bytes": sum(leaf.nbytes for leaf in leaves),
+    }
+    manifest["manifest_checksum"] = manifest_checksum(manifest)
+    return manifest
+
+
+class ManifestInvalid(Exception):
+    """Internal: the manifest fails a check; the message is the reason shown to users."""
+
+
+def parse_manifest(raw: bytes, *, dir_step: int) -> Manifest:
+    """Validate manifest bytes read from the directory of step ``dir_step``.
+
+    The checks run in a fixed order so that each kind of damage gets its own reason:
+    malformed JSON, missing or mistyped fields, unknown format/version, a step that does
+    not match the directory, and finally the checksum (any other edit).
+
+    Raises:
+        ManifestInvalid: with a one-line reason.
+    """
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ManifestInvalid(f"manifest is not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise ManifestInvalid("manifest is not a JSON object")
+    for key, typ in _REQUIRED.items():
+        if key not in obj:
+            raise ManifestInvalid(f"manifest lacks field {key!r}")
+        if not isinstance(obj[key], typ) or isinstance(obj[key], bool):
+            raise ManifestInvalid(f"manifest field {key!r} has the wrong type")
+    if obj["format"] != FORMAT_NAME:
+        raise ManifestInvalid(f"manifest format is {obj['format']!r}, expected {FORMAT_NAME!r}")
+    if obj["format_version"] != FORMAT_VERSION:
+        raise ManifestInvalid(
+            f"manifest format_version {obj['format_version']} is not supported "
+            f"(this version reads {FORMAT_VERSION})"
+        )
+    if obj["step"] != dir_step:
+        raise ManifestInvalid(
+            f"manifest says step {obj['step']} but the directory is step {dir_step} "
+            "(step edited or directory renamed)"
+        )
+    if obj["digest_algorithm"] != DIGEST_ALGORITHM:
+        raise ManifestInvalid(f"unknown digest algorithm {obj['digest_algorithm']!r}")
+    if obj["manifest_checksum"] != manifest_checksum(obj):
+        raise ManifestInvalid(
+            "manifest checksum mismatch: the manifest was modified after it was written"
+        )
+    leaves = []
+    for i, leaf in enumerate(obj["leaves"]):
+        if not isinstance(leaf, dict):
+            raise ManifestInvalid(f"manifest leaf {i} is not an object")
+        for key, typ in _LEAF_REQUIRED.items():
+            if not isinstance(leaf.get(key), typ):
+                raise ManifestInvalid(f"manifest leaf {i} lacks a valid {key!r}")
+        if not _LEAF_FILE_RE.match(leaf["file"]):
+            # Guards against a path that escapes the directory.
+            raise ManifestInvalid(f"manifest leaf {i} names an invalid file {leaf['file']!r}")
+        leaves.append(
+            LeafEntry(
+                path=leaf["path"],
+                file=leaf["file"],
+                dtype=leaf["dtype"],
+                shape=tuple(int(d) for d in leaf["shape"]),
+                nbytes=leaf["nbytes"],
+                digest=leaf["digest"],
+            )
+        )
+    if obj["run_config_id"] != config_identity(obj["run_config"]):
+        raise ManifestInvalid("manifest run_config_id does not match its run_config")
+    return Manifest(
+        step=obj["step"],
+        created_unix=float(obj["created_unix"]),
+        run_config=obj["run_config"],
+        run_config_id=obj["run_config_id"],
+        metadata=obj["metadata"],
+        leaves=tuple(leaves),
+        total_bytes=obj["total_bytes"],
+    )
+
+
+def config_differences(
+    saved: Mapping[str, Any], current: Mapping[str, Any]
+) -> list[tuple[str, Any, Any]]:
+    """Fields whose values differ, as ``(field, saved, current)``; missing values are None."""
+    keys = sorted(set(saved) | set(current))
+    return [(k, saved.get(k), current.get(k)) for k in keys if saved.get(k) != current.get(k)]
+
+
+def state_digest(leaves: Iterable[LeafEntry]) -> str:
+    """Digest of a whole saved state: every leaf's path, dtype, shape and content digest.
+
+    Two states are bit-identical exactly when their digests match; computing it costs no
+    extra pass over the data because leaf digests are taken while writing or verifying.
+    """
+    h = xxhash.xxh3_128()
+    for leaf in leaves:
+        h.update(canonical_json([leaf.path, leaf.dtype, list(leaf.shape), leaf.digest]))
+    return str(h.hexdigest())

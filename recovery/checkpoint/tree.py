@@ -1,0 +1,71 @@
+"""Between JAX pytrees and the store's flat ``path -> numpy array`` mappings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from recovery.errors import CheckpointError
+
+
+def _key_name(k: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def leaf_paths(tree: Any) -> list[tuple[str, Any]]:
+    """``[(path, leaf)]`` in the tree's canonical order; paths look like ``params/0/w``."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [("/".join(_key_name(k) for k in path), leaf) for path, leaf in flat]
+
+
+def to_host(tree: Any) -> dict[str, np.ndarray]:
+    """Host copies of every leaf, for saving.
+
+    Device-to-host transfers are started for all leaves before the first one is awaited so
+    they overlap. On the CPU backend the result may share memory with the (immutable) JAX
+    array instead of copying: the caller must not donate those arrays while a save of them is
+    in flight.
+    """
+    items = leaf_paths(tree)
+    for _, leaf in items:
+        if isinstance(leaf, jax.Array):
+            leaf.copy_to_host_async()
+    return {path: np.asarray(leaf) for path, leaf in items}
+
+
+def from_host(template: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """A tree shaped like ``template`` with the saved arrays, placed with its shardings.
+
+    ``template`` leaves may be arrays or ``jax.ShapeDtypeStruct`` (from ``jax.eval_shape``);
+    a leaf with a ``sharding`` gets its array placed that way, others stay numpy.
+
+    Raises:
+        CheckpointError: the saved leaves do not match the template (names, dtypes, shapes).
+    """
+    items = leaf_paths(template)
+    expected = [p for p, _ in items]
+    missing = [p for p in expected if p not in arrays]
+    extra = sorted(set(arrays) - set(expected))
+    if missing or extra:
+        raise CheckpointError(
+            "checkpoint leaves do not match the model's state: "
+            f"missing {missing or 'none'}, unexpected {extra or 'none'}"
+        )
+    leaves = []
+    for path, tmpl in items:
+        arr = arrays[path]
+        t_dtype, t_shape = np.dtype(tmpl.dtype), tuple(np.shape(tmpl))
+        if arr.dtype != t_dtype or arr.shape != t_shape:
+            raise CheckpointError(
+                f"checkpoint leaf {path} is {arr.dtype}{list(arr.shape)}, "
+                f"the model expects {t_dtype}{list(t_shape)}"
+            )
+        sharding = getattr(tmpl, "sharding", None)
+        leaves.append(arr if sharding is None else jax.device_put(arr, sharding))
+    treedef = jax.tree_util.tree_structure(template)
+    return jax.tree_util.tree_unflatten(treedef, leaves)

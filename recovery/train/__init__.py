@@ -1,0 +1,1 @@
+"""The JAX training entrypoint: a small real model, resumable and deterministic."""

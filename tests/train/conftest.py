@@ -1,0 +1,56 @@
+"""Helpers for training tests: run ``recover train`` in-process or as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recovery.events import read_events
+
+RECOVER = [sys.executable, "-m", "recovery"]
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    return list(read_events(path)) if path.exists() else []
+
+
+def train_cmd(run_dir: Path, steps: int, save_every: int, *extra: str) -> list[str]:
+    return [
+        *RECOVER,
+        "train",
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        str(steps),
+        "--save-every",
+        str(save_every),
+        *extra,
+    ]
+
+
+def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120) -> Any:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(args, capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def wait_for(predicate: Callable[[], bool], *, timeout: float = 60, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def completed_digest(run_dir: Path) -> str:
+    done = [e for e in events(run_dir) if e["event"] == "completed"]
+    assert done, f"no completed event in {run_dir}"
+    return str(done[-1]["state_digest"])
