@@ -33,7 +33,8 @@ _cluster.register(app)
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; a :class:`RecoverError` becomes a one-paragraph message and its exit code."""
     try:
-        app(args=argv, standalone_mode=False)
+        # Without standalone mode, typer.Exit(n) comes back as the return value.
+        rc = app(args=argv, standalone_mode=False)
     except RecoverError as e:
         print(f"recover: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -49,4 +50,4 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"recover: error: {e.format_message()}", file=sys.stderr)
         return int(e.exit_code)
-    return 0
+    return rc if isinstance(rc, int) else 0

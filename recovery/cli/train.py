@@ -40,6 +40,16 @@ def train(
     step_sleep: Annotated[
         float, typer.Option(help="Seconds to pause after each step (demos, fault tests).")
     ] = 0.0,
+    compile_cache: Annotated[
+        Path | None,
+        typer.Option(
+            help="JAX compilation cache dir, so a restarted job skips compiling. "
+            "Default: RUN_DIR/compile-cache; pass --no-compile-cache to disable."
+        ),
+    ] = None,
+    no_compile_cache: Annotated[
+        bool, typer.Option("--no-compile-cache", help="Do not use a compilation cache.")
+    ] = False,
     cpu_devices: Annotated[
         int | None,
         typer.Option(help="Split the host CPU into N JAX devices (sets XLA_FLAGS)."),
@@ -72,6 +82,9 @@ def train(
             keep_every=keep_every,
             async_save=not sync_save,
             step_sleep=step_sleep,
+            compile_cache=None
+            if no_compile_cache
+            else (compile_cache or run_dir / "compile-cache"),
         )
     )
     if outcome.preempted:

@@ -66,6 +66,8 @@ class TrainOptions:
     """Write periodic checkpoints in the background (the final one is always waited for)."""
     step_sleep: float = 0.0
     """Seconds to pause after each step: stretches tiny runs for demos and fault tests."""
+    compile_cache: Path | None = None
+    """JAX persistent compilation cache; a restarted job skips recompiling. None: off."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,10 @@ def run_training(
     from recovery.train import model as M
 
     _validate(opts)
+    if opts.compile_cache is not None:
+        jax.config.update("jax_compilation_cache_dir", str(opts.compile_cache))
+        # Our programs compile in well under the default 1 s threshold; cache them anyway.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     spec = M.get_spec(opts.model)
     config = M.run_config(model=opts.model, seed=opts.seed, lr=opts.lr)
     ckpt_root = opts.run_dir / "checkpoints"

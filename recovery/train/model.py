@@ -10,6 +10,7 @@ their leading dimension, weights along their output dimension where it divides e
 from __future__ import annotations
 
 import itertools
+import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -122,8 +123,13 @@ def _keys(seed: int) -> jax.Array:
     return jax.random.split(jax.random.PRNGKey(seed), 4)
 
 
+@functools.cache
 def make_init(spec: ModelSpec, mesh: Mesh, seed: int) -> Callable[[], State]:
-    """A jitted function returning the initial state, placed with :func:`state_shardings`."""
+    """A jitted function returning the initial state, placed with :func:`state_shardings`.
+
+    The ``make_*`` functions are cached by their (hashable) arguments so that several runs in
+    one process share compiled code.
+    """
 
     def init() -> State:
         k_init, k_rng, _, _ = _keys(seed)
@@ -144,6 +150,7 @@ def make_init(spec: ModelSpec, mesh: Mesh, seed: int) -> Callable[[], State]:
     return jax.jit(init, out_shardings=state_shardings(spec, mesh))
 
 
+@functools.cache
 def make_batch_fn(spec: ModelSpec, mesh: Mesh, seed: int) -> Callable[[jax.Array], Batch]:
     """Jitted ``position -> (x, y)``: the batch at a data position, a pure function of it."""
 
@@ -169,6 +176,7 @@ def _forward(spec: ModelSpec, params: State, x: jax.Array, key: jax.Array) -> ja
     return h @ layers[-1]["w"] + layers[-1]["b"]
 
 
+@functools.cache
 def make_train_step(
     spec: ModelSpec, mesh: Mesh, lr: float
 ) -> Callable[[State, Batch], tuple[State, jax.Array]]:

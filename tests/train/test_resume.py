@@ -100,14 +100,14 @@ def test_events_have_the_documented_fields(tmp_path: Path) -> None:
     assert all(e["loss"] > 0 and e["step_s"] > 0 for e in steps)
     ckpts = sorted(e["checkpoint_step"] for e in log if e["event"] == "checkpoint")
     assert ckpts == [2, 4]
-    final = [e for e in log if e["event"] == "checkpoint" and e["checkpoint_step"] == 4][0]
+    final = next(e for e in log if e["event"] == "checkpoint" and e["checkpoint_step"] == 4)
     assert final["state_digest"] == log[-1]["state_digest"]
     assert "warmup_s" in log[1]
 
 
 def test_fresh_run_refuses_to_overwrite_checkpoints(tmp_path: Path) -> None:
     run_training(_opts(tmp_path, 2), handle_signals=False)
-    with pytest.raises(CheckpointExistsError, match="newest step 2.*--resume"):
+    with pytest.raises(CheckpointExistsError, match=r"newest step 2.*--resume"):
         run_training(_opts(tmp_path, 4), handle_signals=False)
 
 
@@ -164,7 +164,9 @@ def test_damaged_newest_checkpoint_falls_back_and_still_matches_control(
         ({"lr": -1.0}, "--lr must be a positive"),
     ],
 )
-def test_bad_options_name_what_is_valid(tmp_path: Path, kw: dict[str, object], message: str) -> None:
+def test_bad_options_name_what_is_valid(
+    tmp_path: Path, kw: dict[str, object], message: str
+) -> None:
     base: dict[str, object] = {"steps": 4}
     base.update(kw)
     steps = int(base.pop("steps"))  # type: ignore[call-overload]
