@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up everything on a fresh Debian 12 machine, then run the demo.
+#   ./scripts/setup.sh            install + demo
+#   ./scripts/setup.sh --no-demo  install only (what .ci/run uses)
+# Installs Debian's slurm-wlm and munge (needs root or sudo), creates .venv and installs the
+# project with its test and benchmark extras. Safe to run again: it skips what is done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+run_demo=1
+[[ "${1:-}" == "--no-demo" ]] && run_demo=0
+
+as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
+
+need_apt=()
+command -v slurmctld >/dev/null || need_apt+=(slurm-wlm)
+command -v munged >/dev/null || need_apt+=(munge)
+if ((${#need_apt[@]})); then
+  echo "== installing Debian packages: ${need_apt[*]}"
+  as_root apt-get update -q
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
+fi
+
+if [[ ! -x .venv/bin/python ]]; then
+  echo "== creating .venv"
+  python3 -m venv .venv
+fi
+echo "== installing Python packages into .venv"
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev,bench]'
+
+if ((run_demo)); then
+  exec ./scripts/demo.sh
+fi
