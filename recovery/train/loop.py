@@ -263,8 +263,10 @@ def _train(
     jax.block_until_ready(step_fn(state, probe))
     events.emit("warmup", step=step, warmup_s=round(time.perf_counter() - t0, 6))
 
-    # step -> state digest of what is durable on disk, newest last
+    # step -> state digest of what is durable on disk
     durable: dict[int, str] = dict([restored]) if restored else {}
+    # step -> seconds the loop was blocked handing that save over (previous save + host copy)
+    blocked: dict[int, float] = {}
 
     def on_saved(result: SaveResult) -> None:
         durable[result.step] = result.state_digest
@@ -275,17 +277,20 @@ def _train(
             state_digest=result.state_digest,
             bytes=result.total_bytes,
             save_s=round(result.seconds, 6),
+            blocked_s=round(blocked.get(result.step, 0.0), 6),
             deleted_steps=list(result.deleted_steps),
         )
 
     def save(s: int, st: Any, *, wait: bool) -> None:
         t = time.perf_counter()
-        ckpt.save(s, tree.to_host(st), run_config=config, metadata={"data_position": s})
-        blocked = time.perf_counter() - t
+        ckpt.wait()  # at most one save in flight; raises if the previous one failed
+        host = tree.to_host(st)
+        blocked[s] = time.perf_counter() - t
+        ckpt.save(s, host, run_config=config, metadata={"data_position": s})
         if wait or not opts.async_save:
             ckpt.wait()
-        elif blocked > 1.0:
-            log(f"recover: training blocked {blocked:.2f}s handing step {s} to the saver")
+        elif blocked[s] > 1.0:
+            log(f"recover: training blocked {blocked[s]:.2f}s handing step {s} to the saver")
 
     preemption = _Preemption()
     updates = 0
