@@ -9,8 +9,8 @@ their leading dimension, weights along their output dimension where it divides e
 
 from __future__ import annotations
 
-import itertools
 import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
