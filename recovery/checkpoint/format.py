@@ -209,6 +209,10 @@ def parse_manifest(raw: bytes, *, dir_step: int) -> Manifest:
         for key, typ in _LEAF_REQUIRED.items():
             if not isinstance(leaf.get(key), typ):
                 raise ManifestInvalid(f"manifest leaf {i} lacks a valid {key!r}")
+        if not all(type(d) is int and d >= 0 for d in leaf["shape"]):
+            raise ManifestInvalid(f"manifest leaf {i} has an invalid shape {leaf['shape']!r}")
+        if type(leaf["nbytes"]) is not int or leaf["nbytes"] < 0:
+            raise ManifestInvalid(f"manifest leaf {i} has an invalid nbytes {leaf['nbytes']!r}")
         if not _LEAF_FILE_RE.match(leaf["file"]):
             # Guards against a path that escapes the directory.
             raise ManifestInvalid(f"manifest leaf {i} names an invalid file {leaf['file']!r}")
@@ -238,7 +242,11 @@ def parse_manifest(raw: bytes, *, dir_step: int) -> Manifest:
 def config_differences(
     saved: Mapping[str, Any], current: Mapping[str, Any]
 ) -> list[tuple[str, Any, Any]]:
-    """Fields whose values differ, as ``(field, saved, current)``; missing values are None."""
+    """Fields whose values differ, as ``(field, saved, current)``; missing values are None.
+
+    ``current`` is compared in its JSON form (a tuple equals the list it is saved as).
+    """
+    current = json.loads(canonical_json(dict(current)))
     keys = sorted(set(saved) | set(current))
     return [(k, saved.get(k), current.get(k)) for k in keys if saved.get(k) != current.get(k)]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import shutil
 import time
@@ -42,6 +43,8 @@ from recovery.errors import (
 )
 
 _CHUNK = 64 * 1024 * 1024  # bytes per write()/readinto(); bounded so hashing overlaps I/O
+_ALIGN = 64  # bytes; alignment of arrays read back (see _aligned_empty)
+_READ_BYTES_PER_THREAD = 16 * 1024 * 1024  # a restore uses one thread per this much
 
 Clock = Callable[[], float]
 
@@ -107,7 +110,7 @@ def _dtype(name: str) -> np.dtype[Any]:
         import ml_dtypes  # bfloat16, float8_*: registered by jax's own dependency
 
         try:
-            return np.dtype(getattr(ml_dtypes, name))
+            return np.dtype(getattr(ml_dtypes, name))  # type: ignore[no-any-return]
         except AttributeError:
             raise TypeError(f"unknown dtype {name!r}") from None
 
@@ -117,7 +120,7 @@ def _as_bytes(arr: np.ndarray) -> memoryview:
     a = np.ascontiguousarray(arr)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
-    return memoryview(a.reshape(-1).view(np.uint8))
+    return a.reshape(-1).view(np.uint8).data
 
 
 def _fsync_dir(path: Path) -> None:
@@ -145,36 +148,56 @@ def _write_file(path: Path, data: memoryview) -> str:
     return str(hasher.hexdigest())
 
 
+def _aligned_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised byte array whose data starts on a ``_ALIGN`` boundary.
+
+    jax's CPU backend adopts a host array without copying only when it is 64-byte aligned;
+    numpy's allocator guarantees 16. Aligning here makes ``tree.from_host`` free on CPU (a
+    full copy of the state otherwise) and costs nothing elsewhere.
+    """
+    buf = np.empty(nbytes + _ALIGN, dtype=np.uint8)
+    start = -buf.ctypes.data % _ALIGN
+    return buf[start : start + nbytes]
+
+
 def _read_leaf(directory: Path, entry: fmt.LeafEntry) -> np.ndarray:
     """Read and verify one leaf file. Raises ValueError with the reason on any mismatch."""
-    path = directory / entry.file
+    # Plain fds and preadv rather than pathlib and file objects: at a few hundred small
+    # leaves the per-file Python overhead is most of a restore.
     try:
-        size = path.stat().st_size
+        fd = os.open(os.path.join(directory, entry.file), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ValueError(f"leaf file {entry.file} ({entry.path}) is missing") from None
-    if size != entry.nbytes:
-        raise ValueError(
-            f"leaf file {entry.file} ({entry.path}) has {size} bytes, manifest says "
-            f"{entry.nbytes} (truncated or overwritten)"
-        )
     try:
-        dtype = _dtype(entry.dtype)
-    except TypeError as e:
-        raise ValueError(f"leaf {entry.path}: {e}") from None
-    count = int(np.prod(entry.shape, dtype=np.int64))
-    if count * dtype.itemsize != entry.nbytes:
-        raise ValueError(f"leaf {entry.path}: shape {entry.shape} x {dtype} != {entry.nbytes} B")
-    out = np.empty(entry.nbytes, dtype=np.uint8)
-    view = memoryview(out)
-    hasher = fmt.new_hasher()
-    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(fd).st_size
+        if size != entry.nbytes:
+            raise ValueError(
+                f"leaf file {entry.file} ({entry.path}) has {size} bytes, manifest says "
+                f"{entry.nbytes} (truncated or overwritten)"
+            )
+        try:
+            dtype = _dtype(entry.dtype)
+        except TypeError as e:
+            raise ValueError(f"leaf {entry.path}: {e}") from None
+        if min(entry.shape, default=0) < 0 or (
+            math.prod(entry.shape) * dtype.itemsize != entry.nbytes
+        ):
+            raise ValueError(
+                f"leaf {entry.path}: shape {entry.shape} x {dtype} != {entry.nbytes} B"
+            )
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead from disk
+        out = _aligned_empty(entry.nbytes)
+        view = out.data
+        hasher = fmt.new_hasher()
         pos = 0
         while pos < entry.nbytes:
-            n = f.readinto(view[pos : pos + _CHUNK])
+            n = os.preadv(fd, [view[pos : pos + _CHUNK]], pos)
             if not n:
                 raise ValueError(f"leaf file {entry.file} ended early at byte {pos}")
             hasher.update(view[pos : pos + n])
             pos += n
+    finally:
+        os.close(fd)
     if hasher.hexdigest() != entry.digest:
         raise ValueError(
             f"leaf file {entry.file} ({entry.path}) content digest mismatch "
@@ -189,7 +212,11 @@ class CheckpointStore:
     Args:
         root: the checkpoint root (created on the first save).
         clock: wall clock in seconds, for manifest timestamps and ages.
-        workers: threads that write/read leaves in parallel (I/O and hashing drop the GIL).
+        workers: threads that write/read leaves in parallel. Most of a save is spent in
+            ``fsync``, which blocks without using a CPU; many fsyncs in flight at once keep
+            the disk's queue full and let the filesystem commit them in one journal
+            transaction, so this is well above the core count (see
+            ``benchmarks/README.md`` for the measurements behind 16).
         retention: what to keep after each durable save; None keeps everything.
     """
 
@@ -198,7 +225,7 @@ class CheckpointStore:
         root: Path | str,
         *,
         clock: Clock = time.time,
-        workers: int = 2,
+        workers: int = 16,
         retention: RetentionPolicy | None = None,
     ) -> None:
         self.root = Path(root)
@@ -292,9 +319,15 @@ class CheckpointStore:
 
     def _read_all(self, step: int, manifest: fmt.Manifest) -> dict[str, np.ndarray]:
         directory = self.step_path(step)
+        # Reading from the page cache is CPU work (copy + hash), so threads beyond the cores
+        # only pay for the GIL; from disk they keep the queue full. Scale with the bytes.
+        threads = min(self._workers, max(1, manifest.total_bytes // _READ_BYTES_PER_THREAD))
         try:
-            with ThreadPoolExecutor(self._workers) as pool:
-                arrays = list(pool.map(lambda e: _read_leaf(directory, e), manifest.leaves))
+            if threads == 1:
+                arrays = [_read_leaf(directory, e) for e in manifest.leaves]
+            else:
+                with ThreadPoolExecutor(threads) as pool:
+                    arrays = list(pool.map(lambda e: _read_leaf(directory, e), manifest.leaves))
         except ValueError as e:
             raise CheckpointDamaged(step, str(e)) from None
         except OSError as e:
@@ -378,7 +411,7 @@ class CheckpointStore:
         def write(i: int) -> str:
             return _write_file(tmp / files[i], views[i])
 
-        # Largest first so the two workers finish together.
+        # Largest first so the workers finish together.
         order = sorted(range(len(items)), key=lambda i: -len(views[i]))
         with ThreadPoolExecutor(self._workers) as pool:
             digests = dict(zip(order, pool.map(write, order), strict=True))

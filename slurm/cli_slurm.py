@@ -1,0 +1,268 @@
+"""``CliSlurm``: the :class:`slurm.port.SlurmControl` port over Slurm's command line tools.
+
+Every command runs as an argv list (never through a shell) with ``SLURM_CONF`` in its
+environment. Works with every Slurm version the project meets (22.05 and newer); see
+``slurm.parse`` for the JSON shapes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from recovery.errors import (
+    ReasonNotOursError,
+    SlurmError,
+    SlurmNotInstalledError,
+    SlurmRefusedError,
+    SlurmUnavailableError,
+    UsageError,
+    unknown_choice,
+)
+from slurm.parse import parse_jobs, parse_nodes, reply_errors
+from slurm.port import (
+    BatchJob,
+    JobInfo,
+    NodeInfo,
+    mark,
+    validate_job_id,
+    validate_node_name,
+)
+
+INSTALL_HINT = "install them with `apt-get install -y slurm-wlm munge` (or `./scripts/setup.sh`)"
+
+# Text in stderr meaning slurmctld could not be reached: worth retrying later.
+_UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|Connection refused|timed out|Socket timed out"
+    r"|Zero Bytes were transmitted|Communication connection failure|Unable to connect"
+    r"|Could not establish a configuration source|Slurm backup controller in standby",
+    re.IGNORECASE,
+)
+_ALREADY_REQUEUED = re.compile(r"Job is pending execution", re.IGNORECASE)
+_JOB_GONE = re.compile(r"Invalid job id specified|Job has already finished", re.IGNORECASE)
+
+
+def classify_failure(argv: Sequence[str], returncode: int, stderr: str) -> SlurmError | Exception:
+    """Map a failed Slurm command to our errors: unreachable -> SlurmUnavailableError
+    (transient), anything else -> SlurmRefusedError (a verdict). Pure; used by CliSlurm."""
+    cmd = " ".join(argv[:3])
+    msg = stderr.strip() or f"exit status {returncode}"
+    if _UNREACHABLE.search(stderr):
+        return SlurmUnavailableError(f"{cmd}: slurmctld unreachable: {msg}", delay=1.0)
+    return SlurmRefusedError(f"{cmd}: refused: {msg}")
+
+
+def classify_reply_errors(
+    argv: Sequence[str], errors: list[dict[str, Any]]
+) -> SlurmError | Exception:
+    """Map the ``errors`` of a ``sinfo/squeue --json`` reply to our errors. Pure.
+
+    Slurm 22.05 exits 0 and reports ``{"error": "Unspecified error", "errno": -1}`` when it
+    cannot reach slurmctld, so errno -1 (or a connection message) is SlurmUnavailableError;
+    anything else is a SlurmRefusedError.
+    """
+    cmd = " ".join(argv[:2])
+    text = "; ".join(f"{e.get('error', '?')} (errno {e.get('errno', '?')})" for e in errors)
+    if any(e.get("errno") == -1 or _UNREACHABLE.search(str(e.get("error", ""))) for e in errors):
+        return SlurmUnavailableError(f"{cmd}: slurmctld unreachable: {text}", delay=1.0)
+    return SlurmRefusedError(f"{cmd}: refused: {text}")
+
+
+class CliSlurm:
+    """SlurmControl through ``scontrol``, ``sinfo``, ``squeue``, ``sbatch`` and ``scancel``.
+
+    ``conf_path`` is the slurm.conf every command is pointed at (``SLURM_CONF``); ``timeout_s``
+    bounds each command in seconds (a timeout is a SlurmUnavailableError).
+    """
+
+    def __init__(
+        self,
+        conf_path: str | Path,
+        *,
+        timeout_s: float = 15.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.conf_path = Path(conf_path)
+        self.timeout_s = timeout_s
+        base = dict(os.environ if env is None else env)
+        base["SLURM_CONF"] = str(self.conf_path)
+        self._env = base
+
+    # --- transport ----------------------------------------------------------------------
+
+    def run(self, argv: Sequence[str], *, stdin: str | None = None) -> str:
+        """Run one Slurm command; return its stdout.
+
+        Raises SlurmNotInstalledError when the program is missing, SlurmUnavailableError when
+        slurmctld is unreachable or the command ran past ``timeout_s``, SlurmRefusedError when
+        Slurm refused.
+        """
+        try:
+            proc = subprocess.run(
+                list(argv),
+                input=stdin,
+                capture_output=True,
+                text=True,
+                env=self._env,
+                timeout=self.timeout_s,
+                check=False,
+            )
+        except FileNotFoundError as e:
+            raise SlurmNotInstalledError(f"{argv[0]} not found; {INSTALL_HINT}") from e
+        except subprocess.TimeoutExpired as e:
+            raise SlurmUnavailableError(
+                f"{' '.join(argv[:3])}: no answer within {self.timeout_s:g} s"
+            ) from e
+        if proc.returncode != 0:
+            raise classify_failure(argv, proc.returncode, proc.stderr)
+        return proc.stdout
+
+    def read_json(self, argv: Sequence[str]) -> str:
+        """Run a ``--json`` query; raise when its reply carries errors (see
+        :func:`classify_reply_errors`), else return the text."""
+        text = self.run(argv)
+        errors = reply_errors(text)
+        if errors:
+            raise classify_reply_errors(argv, errors)
+        return text
+
+    # --- reading ------------------------------------------------------------------------
+
+    def nodes(self) -> list[NodeInfo]:
+        """All nodes, sorted by name."""
+        return parse_nodes(self.read_json(["sinfo", "--json"]))
+
+    def node(self, name: str) -> NodeInfo:
+        """One node; UsageError naming the known nodes when it does not exist."""
+        validate_node_name(name)
+        nodes = self.nodes()
+        for n in nodes:
+            if n.name == name:
+                return n
+        raise unknown_choice("node", name, [n.name for n in nodes])
+
+    def jobs(self) -> list[JobInfo]:
+        """All jobs slurmctld remembers (pending, running, finished within MinJobAge)."""
+        return parse_jobs(self.read_json(["squeue", "--json"]))
+
+    def job(self, job_id: str | int) -> JobInfo:
+        """One job; UsageError when slurmctld does not know it."""
+        jid = validate_job_id(job_id)
+        for j in self.jobs():
+            if j.job_id == jid:
+                return j
+        raise UsageError(f"Unknown job {jid}: slurmctld does not know it (finished long ago?)")
+
+    def jobs_on(self, node: str) -> list[JobInfo]:
+        """Running or completing jobs that use ``node``."""
+        self.node(node)
+        return [
+            j
+            for j in self.jobs()
+            if node in j.nodes and j.state in ("RUNNING", "COMPLETING", "SUSPENDED")
+        ]
+
+    # --- acting -------------------------------------------------------------------------
+
+    def down(self, node: str, reason: str) -> bool:
+        """Set ``node`` DOWN with our reason (``recover:`` is prepended when missing); Slurm
+        requeues the requeueable jobs on it and ends the others.
+
+        Returns False (no-op) when it already is DOWN with that reason, or DOWN for someone
+        else's reason (which is kept). A node drained by someone else is set DOWN keeping
+        their reason, so that our resume never puts it back.
+        """
+        return self._take_out(node, "DOWN", reason)
+
+    def drain(self, node: str, reason: str) -> bool:
+        """Set ``node`` DRAIN with our reason; running jobs keep running, no new ones start.
+        A DOWN node becomes IDLE+DRAIN.
+
+        Returns False (no-op) when it already is drained with that reason, or out of
+        service for someone else's reason (which is kept).
+        """
+        return self._take_out(node, "DRAIN", reason)
+
+    def _take_out(self, node: str, state: str, reason: str) -> bool:
+        text = mark(reason)
+        info = self.node(node)
+        held = info.down if state == "DOWN" else info.drained
+        if info.reason and not info.reason_is_ours and (info.down or info.drained):
+            # Someone else took the node out: keep their reason, so that our resume (which
+            # only undoes our own marks) can never put their node back into service.
+            if info.down or state == "DRAIN":
+                return False
+            text = info.reason
+        elif held and info.reason == text:
+            return False
+        self.run(["scontrol", "update", f"NodeName={node}", f"State={state}", f"Reason={text}"])
+        return True
+
+    def resume(self, node: str, *, force: bool = False) -> bool:
+        """Return ``node`` to service if the mark on it is ours (or ``force``).
+
+        False (no-op) when it is already in service. Raises ReasonNotOursError naming the
+        current reason and who set it when the mark is someone else's.
+        """
+        info = self.node(node)
+        if not (info.down or info.drained):
+            return False
+        if not info.reason_is_ours and not force:
+            raise ReasonNotOursError(node, info.reason, info.reason_set_by)
+        self.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        return True
+
+    def requeue(self, job_id: str | int) -> bool:
+        """Requeue a job (it goes back to PENDING, restart count + 1). False (no-op) when it is
+        already pending or being requeued."""
+        jid = validate_job_id(job_id)
+        if self.job(jid).state == "PENDING":
+            return False
+        try:
+            self.run(["scontrol", "requeue", jid])
+        except SlurmRefusedError as e:
+            # Right after a requeue the job is COMPLETING on its old node and slurmctld
+            # answers "Job is pending execution": the requeue we asked for already holds.
+            if _ALREADY_REQUEUED.search(str(e)):
+                return False
+            raise
+        return True
+
+    def submit(self, job: BatchJob) -> str:
+        """Submit ``job`` with ``sbatch --parsable``; return the new job id.
+
+        Option names are validated (letters, digits, ``-``) so nothing can smuggle in a
+        second argument.
+        """
+        argv = ["sbatch", "--parsable"]
+        for key, value in job.options.items():
+            if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
+                raise UsageError(f"Invalid sbatch option {key!r}: expected e.g. 'requeue'")
+            argv.append(f"--{key}" if value is None else f"--{key}={value}")
+        if job.workdir is not None:
+            argv.append(f"--chdir={job.workdir}")
+        argv.extend(job.extra_args)
+        out = self.run(argv, stdin=job.script).strip()
+        # --parsable prints "jobid" or "jobid;cluster".
+        return validate_job_id(out.split(";", 1)[0])
+
+    def cancel(self, job_id: str | int) -> bool:
+        """Cancel a job. False (no-op) when it had already finished or slurmctld forgot it."""
+        jid = validate_job_id(job_id)
+        try:
+            info = self.job(jid)
+        except UsageError:
+            return False
+        if info.finished:
+            return False
+        try:
+            self.run(["scancel", jid])
+        except SlurmRefusedError as e:
+            if _JOB_GONE.search(str(e)):
+                return False
+            raise
+        return True

@@ -1,0 +1,346 @@
+"""A real local Slurm cluster: munged, slurmctld and one slurmd per node, on one machine.
+
+Everything lives under one state dir (conf, spool, logs, pids, munge's files unless user munge
+cannot reach it - see ``slurm.munge``). ``LocalCluster`` is the one wiring used by the CLI
+(``recover cluster up/down/status/env``), the pytest fixtures and the demo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from recovery.errors import (
+    ClusterError,
+    RecoverError,
+    UsageError,
+    unknown_choice,
+)
+from slurm import munge, procs
+from slurm.cli_slurm import CliSlurm
+from slurm.clusterinfo import (
+    REQUIRED_PROGRAMS,
+    STATE_FILE,
+    ClusterInfo,
+    ClusterStatus,
+    check_installed,
+    default_state_dir,
+    node_names,
+    resolve_conf,
+)
+from slurm.conf import ClusterLayout, render_slurm_conf
+from slurm.port import NodeInfo
+
+__all__ = [
+    "REQUIRED_PROGRAMS",
+    "ClusterInfo",
+    "ClusterStatus",
+    "LocalCluster",
+    "check_installed",
+    "default_state_dir",
+    "node_names",
+    "resolve_conf",
+]
+
+
+class LocalCluster:
+    """Start, inspect and stop one local cluster rooted at ``state_dir``.
+
+    ``slurmd_timeout_s`` (seconds) is how soon a crashed slurmd's node goes DOWN;
+    ``cred_expire_s`` bounds the wait before a requeued job restarts. ``clock``/``sleep`` are
+    injected so waiting logic can be driven by tests.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path | str | None = None,
+        *,
+        slurmd_timeout_s: int = 10,
+        cred_expire_s: int = 10,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.state_dir = Path(state_dir).absolute() if state_dir else default_state_dir()
+        self.slurmd_timeout_s = slurmd_timeout_s
+        self.cred_expire_s = cred_expire_s
+        self._clock = clock
+        self._sleep = sleep
+
+    @property
+    def conf_path(self) -> Path:
+        """Path of the generated slurm.conf (whether or not the cluster runs)."""
+        return self.state_dir / "slurm.conf"
+
+    def control(self) -> CliSlurm:
+        """The SlurmControl adapter pointed at this cluster."""
+        return CliSlurm(self.conf_path)
+
+    # --- state file ---------------------------------------------------------------------
+
+    def info(self) -> ClusterInfo | None:
+        """The recorded cluster, or None when none was started here (or it was stopped)."""
+        try:
+            raw = json.loads((self.state_dir / STATE_FILE).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise ClusterError(f"cannot read {self.state_dir / STATE_FILE}: {e}") from e
+        return ClusterInfo(
+            state_dir=self.state_dir,
+            conf_path=Path(raw["conf_path"]),
+            nodes=tuple(raw["nodes"]),
+            spares=tuple(raw["spares"]),
+            pids={k: int(v) for k, v in raw["pids"].items()},
+            munge_home=Path(raw["munge_home"]),
+            started=False,
+        )
+
+    def _record(self, info: ClusterInfo) -> None:
+        # Write then rename, so `down` never reads half a file after a crash during `up`.
+        path = self.state_dir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info.to_json(), indent=2) + "\n")
+        tmp.replace(path)
+
+    # --- up -----------------------------------------------------------------------------
+
+    def up(self, nodes: int = 4, spares: int = 1, *, timeout_s: float = 30.0) -> ClusterInfo:
+        """Start the cluster and return once every node is IDLE (spares IDLE+DRAIN).
+
+        A no-op (``started=False``) when the same layout already runs healthy here; a cluster
+        left half-running is stopped and started afresh. Raises SlurmNotInstalledError when a
+        program is missing, UsageError when a different layout already runs, ClusterError
+        (with the log's tail) when a daemon fails or nodes are not ready within ``timeout_s``
+        seconds.
+        """
+        check_installed()
+        if os.geteuid() != 0:
+            raise ClusterError(
+                "the local cluster must be started as root: munged runs as user munge and "
+                "slurmd launches jobs as their owner"
+            )
+        names, spare_names = node_names(nodes, spares)
+        current = self.info()
+        if current is not None and all(procs.alive(p) for p in current.pids.values()):
+            if (current.nodes, current.spares) != (names, spare_names):
+                raise UsageError(
+                    f"a cluster with nodes {', '.join(current.nodes + current.spares)} already "
+                    f"runs in {self.state_dir}; run `recover cluster down` first"
+                )
+            return current
+        if current is not None:
+            self.down()
+        try:
+            return self._start(names, spare_names, timeout_s)
+        except BaseException:
+            self.down()
+            raise
+
+    def _start(
+        self, names: tuple[str, ...], spare_names: tuple[str, ...], timeout_s: float
+    ) -> ClusterInfo:
+        d = self.state_dir
+        for sub in ("", "run", "log", "spool", "ctld-state"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        for name in names + spare_names:
+            (d / "spool" / f"slurmd.{name}").mkdir(exist_ok=True)
+        # Readable by user munge and by job processes of other users; nothing secret here.
+        os.chmod(d, 0o755)  # noqa: S103
+        mpaths = munge.choose_home(d)
+        munge.prepare(mpaths)
+        env = {**os.environ, "SLURM_CONF": str(self.conf_path), procs.MARKER_ENV: str(d)}
+        ports = _free_ports(1 + len(names) + len(spare_names))
+        layout = ClusterLayout(
+            state_dir=d,
+            hostname=socket.gethostname(),
+            nodes=names,
+            spares=spare_names,
+            ctld_port=ports[0],
+            node_ports=tuple(ports[1:]),
+            munge_socket=mpaths.socket,
+            slurmd_timeout_s=self.slurmd_timeout_s,
+            cred_expire_s=self.cred_expire_s,
+        )
+        self.conf_path.write_text(render_slurm_conf(layout))
+        pids: dict[str, int] = {}
+        info = ClusterInfo(d, self.conf_path, names, spare_names, pids, mpaths.home)
+        # Record before each start, so a failure half-way still lets `down` find everything.
+        self._record(info)
+        pids["munged"] = munge.start(mpaths, env)
+        self._record(info)
+        # -c: clean start (no jobs or node states from an earlier run); -i: ignore old state.
+        pids["slurmctld"] = procs.spawn(
+            ["slurmctld", "-D", "-c", "-i"], env, d / "log" / "slurmctld.out"
+        )
+        self._record(info)
+        for name in layout.all_nodes:
+            pids[f"slurmd:{name}"] = self._spawn_slurmd(name, env)
+        self._record(info)
+        self._wait_ready(info, timeout_s)
+        return info
+
+    def _spawn_slurmd(self, name: str, env: dict[str, str]) -> int:
+        return procs.spawn(
+            ["slurmd", "-D", "-N", name],
+            {**env, procs.NODE_ENV: name},
+            self.state_dir / "log" / f"slurmd.{name}.out",
+        )
+
+    # --- node faults (tests, demo) ------------------------------------------------------
+
+    def crash_node(self, name: str) -> list[int]:
+        """SIGKILL ``name``'s slurmd and its job steps and job processes, as a node losing
+        power would; slurmctld notices after SlurmdTimeout. Returns the pids killed.
+
+        Raises UsageError naming the cluster's nodes for an unknown one, ClusterError when no
+        cluster runs here.
+        """
+        info = self._running_info()
+        key = self._node_key(info, name)
+        targets = procs.cluster_processes(str(self.state_dir), [info.pids[key]], node=name)
+        procs.stop((), kill_now=targets, sleep=self._sleep, clock=self._clock)
+        return sorted(targets)
+
+    def restart_node(self, name: str) -> int:
+        """Start ``name``'s slurmd again (after :meth:`crash_node`); a no-op returning the
+        current pid when it runs. With ReturnToService=1 the node returns to service once its
+        slurmd registers, unless someone set it DOWN or DRAIN on purpose."""
+        info = self._running_info()
+        key = self._node_key(info, name)
+        if procs.alive(info.pids[key]):
+            return info.pids[key]
+        env = {
+            **os.environ,
+            "SLURM_CONF": str(info.conf_path),
+            procs.MARKER_ENV: str(self.state_dir),
+        }
+        pids = dict(info.pids)
+        pids[key] = self._spawn_slurmd(name, env)
+        self._record(replace(info, pids=pids))
+        return pids[key]
+
+    def _running_info(self) -> ClusterInfo:
+        info = self.info()
+        if info is None:
+            raise ClusterError(f"no cluster runs in {self.state_dir}; run `recover cluster up`")
+        return info
+
+    @staticmethod
+    def _node_key(info: ClusterInfo, name: str) -> str:
+        if name not in info.nodes + info.spares:
+            raise unknown_choice("node", name, info.nodes + info.spares)
+        return f"slurmd:{name}"
+
+    def _wait_ready(self, info: ClusterInfo, timeout_s: float) -> None:
+        ctl = CliSlurm(info.conf_path, timeout_s=5.0)
+        deadline = self._clock() + timeout_s
+        last = "slurmctld did not answer"
+        while True:
+            dead = [k for k, p in info.pids.items() if not procs.alive(p)]
+            if dead:
+                raise ClusterError(f"{', '.join(dead)} exited during start;\n{self._logs()}")
+            try:
+                nodes = {n.name: n for n in ctl.nodes()}
+                pending = [
+                    n
+                    for n in info.nodes + info.spares
+                    if n not in nodes or not _ready(nodes[n], spare=n in info.spares)
+                ]
+                if not pending:
+                    return
+                last = "not ready: " + ", ".join(f"{n}={_describe(nodes.get(n))}" for n in pending)
+            except RecoverError as e:
+                last = str(e)
+            if self._clock() > deadline:
+                raise ClusterError(
+                    f"cluster not ready within {timeout_s:g} s ({last});\n{self._logs()}"
+                )
+            self._sleep(0.2)
+
+    def _logs(self) -> str:
+        out = []
+        for log in sorted((self.state_dir / "log").glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-5:]
+            out.append(f"--- {log}\n" + "\n".join(lines))
+        return "\n".join(out)
+
+    # --- down ---------------------------------------------------------------------------
+
+    def down(self, *, grace_s: float = 6.0) -> list[str]:
+        """Stop every process this cluster started (daemons, job steps, job processes), all
+        at once; SIGKILL what is still there after ``grace_s`` seconds. Returns the names of
+        recorded daemons that were running. A no-op on a cluster that is not running.
+        """
+        info = self.info()
+        recorded = info.pids if info else {}
+        was_running = sorted(k for k, p in recorded.items() if procs.alive(p))
+        # Twice: a slurmd dying may leave a slurmstepd that forked after the first sweep.
+        for _ in range(2):
+            targets = procs.cluster_processes(str(self.state_dir), recorded.values())
+            if not targets:
+                break
+            # Daemons and their helpers (slurmctld's slurmscriptd: killing it first makes
+            # slurmctld hang on exit) get SIGTERM so they close sockets and save state; job
+            # steps and job processes are killed outright, as a node losing power would.
+            started = set(recorded.values())
+            daemons = {p for p in targets if p in started or procs.parent_of(p) in started}
+            procs.stop(
+                daemons,
+                kill_now=targets - daemons,
+                grace_s=grace_s,
+                sleep=self._sleep,
+                clock=self._clock,
+            )
+        if info is not None:
+            munge.remove(munge.MungePaths(info.munge_home), self.state_dir)
+            (self.state_dir / STATE_FILE).unlink(missing_ok=True)
+        return was_running
+
+    # --- status -------------------------------------------------------------------------
+
+    def status(self) -> ClusterStatus:
+        """Processes (recorded pid, alive or not) and, when slurmctld answers, its nodes."""
+        info = self.info()
+        if info is None:
+            return ClusterStatus(self.state_dir, running=False)
+        processes = {k: {"pid": p, "alive": procs.alive(p)} for k, p in info.pids.items()}
+        running = all(v["alive"] for v in processes.values())
+        nodes: tuple[NodeInfo, ...] = ()
+        error = ""
+        try:
+            nodes = tuple(CliSlurm(info.conf_path, timeout_s=5.0).nodes())
+        except RecoverError as e:
+            error = str(e)
+        return ClusterStatus(self.state_dir, running, info.conf_path, processes, nodes, error)
+
+
+def _ready(node: NodeInfo, *, spare: bool) -> bool:
+    if node.state != "IDLE" or "NOT_RESPONDING" in node.flags:
+        return False
+    return node.drained if spare else not node.flags
+
+
+def _describe(node: NodeInfo | None) -> str:
+    if node is None:
+        return "missing"
+    return "+".join([node.state, *sorted(node.flags)])
+
+
+def _free_ports(count: int) -> list[int]:
+    # Ask the kernel for free ports; all sockets stay open until every port is chosen so no
+    # port is handed out twice. A race with another program in between is possible but rare.
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -1,0 +1,133 @@
+"""The local cluster's records and paths: what ``up`` reports, what ``status`` shows, where
+the state dir and slurm.conf are, and which programs must be installed. No daemons here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recovery.errors import SlurmNotInstalledError, UsageError
+from slurm.cli_slurm import INSTALL_HINT
+from slurm.port import NodeInfo
+
+REQUIRED_PROGRAMS = ("slurmctld", "slurmd", "munged", "sinfo", "squeue", "scontrol", "sbatch")
+STATE_FILE = "cluster.json"
+
+
+def default_state_dir(env: dict[str, str] | None = None, cwd: Path | None = None) -> Path:
+    """``$RECOVER_STATE_DIR/slurm`` when set, else ``./.state/slurm`` (absolute)."""
+    env = dict(os.environ) if env is None else env
+    base = Path(env["RECOVER_STATE_DIR"]) if env.get("RECOVER_STATE_DIR") else None
+    root = base if base is not None else (cwd or Path.cwd()) / ".state"
+    return (root / "slurm").absolute()
+
+
+def resolve_conf(explicit: str | None, state_dir: Path) -> Path:
+    """The slurm.conf to use: ``explicit`` (``--slurm-conf`` or ``$SLURM_CONF``) when given,
+    else the local cluster's in ``state_dir``. Raises UsageError when there is neither."""
+    if explicit:
+        return Path(explicit).absolute()
+    conf = state_dir / "slurm.conf"
+    if (state_dir / STATE_FILE).exists() and conf.exists():
+        return conf
+    raise UsageError(
+        f"No Slurm configuration: set SLURM_CONF (or --slurm-conf), or start the local "
+        f"cluster with `recover cluster up` (looked in {state_dir})"
+    )
+
+
+def check_installed(which: Callable[[str], str | None] = shutil.which) -> None:
+    """Raise SlurmNotInstalledError naming the missing programs and how to install them."""
+    missing = [p for p in REQUIRED_PROGRAMS if which(p) is None]
+    if missing:
+        raise SlurmNotInstalledError(f"missing {', '.join(missing)}; {INSTALL_HINT}")
+
+
+def node_names(nodes: int, spares: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Names for ``nodes`` compute nodes (node1..) and ``spares`` spares (spare1..).
+
+    Raises UsageError for counts out of range (1-64 nodes, 0-16 spares).
+    """
+    if not 1 <= nodes <= 64:
+        raise UsageError(f"Invalid --nodes {nodes}: expected 1 to 64")
+    if not 0 <= spares <= 16:
+        raise UsageError(f"Invalid --spares {spares}: expected 0 to 16")
+    return (
+        tuple(f"node{i}" for i in range(1, nodes + 1)),
+        tuple(f"spare{i}" for i in range(1, spares + 1)),
+    )
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """A running cluster: where its conf is, its node names and the pids we started.
+
+    ``started`` is False when ``up`` found it already healthy and did nothing.
+    """
+
+    state_dir: Path
+    conf_path: Path
+    nodes: tuple[str, ...]
+    spares: tuple[str, ...]
+    pids: dict[str, int]
+    munge_home: Path
+    started: bool = True
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment every Slurm command for this cluster needs."""
+        return {"SLURM_CONF": str(self.conf_path)}
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready form (paths as strings)."""
+        d = asdict(self)
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What ``recover cluster status`` reports. ``nodes`` is empty when slurmctld is down."""
+
+    state_dir: Path
+    running: bool
+    conf_path: Path | None = None
+    processes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodes: tuple[NodeInfo, ...] = ()
+    error: str = ""
+
+    def render(self) -> str:
+        """Human-readable lines: processes, then one line per node."""
+        if self.conf_path is None:
+            return f"no cluster recorded in {self.state_dir}"
+        lines = [
+            f"cluster in {self.state_dir}: {'running' if self.running else 'NOT running'}",
+            f"SLURM_CONF={self.conf_path}",
+        ]
+        lines += [
+            f"  {k:<16} pid {v['pid']:<8} {'alive' if v['alive'] else 'dead'}"
+            for k, v in self.processes.items()
+        ]
+        for n in self.nodes:
+            state = "+".join([n.state, *sorted(n.flags)])
+            lines.append(f"  {n.name:<10} {state:<24} {n.reason}")
+        if self.error:
+            lines.append(f"  slurmctld: {self.error}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "state_dir": str(self.state_dir),
+            "running": self.running,
+            "conf_path": str(self.conf_path) if self.conf_path else None,
+            "processes": self.processes,
+            "nodes": [
+                {**asdict(n), "flags": sorted(n.flags), "partitions": list(n.partitions)}
+                for n in self.nodes
+            ],
+            "error": self.error,
+        }

@@ -1,0 +1,188 @@
+"""Pure parsers for Slurm's JSON output (``sinfo --json``, ``squeue --json``) and hostlists.
+
+Two shapes are understood:
+
+* Slurm 22.05 (OpenAPI v0.0.38): a node's ``state`` is a lower-case string plus a
+  ``state_flags`` list; a job's ``job_state`` is a string; numbers are plain.
+* Slurm 23.02 and later (v0.0.39+): ``state`` / ``job_state`` are lists of upper-case strings
+  (base state first, then flags, e.g. ``["IDLE", "DRAIN"]``) and many numbers are wrapped as
+  ``{"set": true, "infinite": false, "number": 3}``.
+
+Every function here is pure: text in, values out. Malformed input raises :class:`SlurmError`
+with what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from recovery.errors import SlurmError
+from slurm.port import NODE_BASE_STATES, JobInfo, NodeInfo
+
+_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """Expand a Slurm hostlist such as ``node[1-3,5],spare1`` into its names, in order.
+
+    Zero padding is kept (``n[01-02]`` gives ``n01, n02``). Raises SlurmError when malformed.
+    """
+    names: list[str] = []
+    for item in _split_top_level(text.strip()):
+        if not item:
+            continue
+        if "[" not in item:
+            names.append(item)
+            continue
+        head, _, rest = item.partition("[")
+        body, close, tail = rest.partition("]")
+        if not close or "[" in tail:
+            raise SlurmError(f"cannot parse hostlist {text!r}: unbalanced brackets in {item!r}")
+        for part in body.split(","):
+            m = _RANGE_RE.match(part)
+            if not m:
+                raise SlurmError(f"cannot parse hostlist {text!r}: bad range {part!r}")
+            lo, hi = m.group(1), m.group(2) or m.group(1)
+            width = len(lo) if lo.startswith("0") else 0
+            for i in range(int(lo), int(hi) + 1):
+                names.append(f"{head}{i:0{width}d}{tail}")
+    return tuple(names)
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside brackets."""
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        depth += ch == "["
+        depth -= ch == "]"
+        cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def number(value: Any, default: int | None = 0) -> int | None:
+    """Unwrap a Slurm number: a plain int, or ``{"set": bool, "infinite": bool, "number": n}``.
+
+    An unset or infinite wrapped number gives ``default``.
+    """
+    if isinstance(value, bool):  # bool is an int subclass; Slurm never means a number by it
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite", False):
+            return default
+        return number(value.get("number"), default)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return default
+
+
+def split_state(state: Any, flags: Any = None) -> tuple[str, frozenset[str]]:
+    """Return (base state, flags) from either shape, upper-cased.
+
+    22.05: ``state="idle"``, ``flags=["DRAIN"]``. 23+: ``state=["IDLE", "DRAIN"]``. A 22.05
+    string may also carry ``+`` joined flags (``"idle+drain"``), as ``scontrol`` prints.
+    """
+    items: list[str]
+    if isinstance(state, str):
+        items = [s for s in state.upper().split("+") if s]
+    elif isinstance(state, list):
+        items = [str(s).upper() for s in state]
+    else:
+        raise SlurmError(f"unexpected state {state!r}: expected a string or a list of strings")
+    if isinstance(flags, list):
+        items += [str(f).upper() for f in flags]
+    base = next((s for s in items if s in NODE_BASE_STATES), items[0] if items else "UNKNOWN")
+    rest = frozenset(s for s in items if s != base)
+    return base, rest
+
+
+def _load(text: str, key: str, what: str) -> list[dict[str, Any]]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SlurmError(f"{what} did not print JSON: {e}; output began {text[:200]!r}") from e
+    if not isinstance(doc, dict) or not isinstance(doc.get(key), list):
+        raise SlurmError(f"{what} JSON has no {key!r} list; keys: {sorted(doc)[:10]}")
+    errors = [e for e in doc.get("errors") or [] if e]
+    if errors:
+        raise SlurmError(f"{what} reported errors: {errors}")
+    return [item for item in doc[key] if isinstance(item, dict)]
+
+
+def reply_errors(text: str) -> list[dict[str, Any]]:
+    """The non-empty entries of a JSON reply's ``errors`` list; [] when the text is not JSON
+    (the parsers then say what is wrong with it)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return []
+    errors = doc.get("errors") if isinstance(doc, dict) else None
+    return [e for e in errors or [] if isinstance(e, dict) and e]
+
+
+def parse_nodes(text: str) -> list[NodeInfo]:
+    """Parse ``sinfo --json`` output into nodes sorted by name (duplicates per partition merged).
+
+    Raises SlurmError when the text is not the expected JSON.
+    """
+    seen: dict[str, NodeInfo] = {}
+    for raw in _load(text, "nodes", "sinfo --json"):
+        name = raw.get("name") or raw.get("hostname")
+        if not isinstance(name, str):
+            raise SlurmError(f"sinfo --json node without a name: {sorted(raw)[:10]}")
+        state, flags = split_state(raw.get("state", "UNKNOWN"), raw.get("state_flags"))
+        parts = raw.get("partitions") or []
+        seen[name] = NodeInfo(
+            name=name,
+            state=state,
+            flags=flags,
+            reason=str(raw.get("reason") or ""),
+            reason_set_by=str(raw.get("reason_set_by_user") or ""),
+            cpus=number(raw.get("cpus"), 0) or 0,
+            partitions=tuple(str(p) for p in parts) if isinstance(parts, list) else (),
+        )
+    return [seen[n] for n in sorted(seen)]
+
+
+def parse_jobs(text: str) -> list[JobInfo]:
+    """Parse ``squeue --json`` output into jobs sorted by numeric id.
+
+    Raises SlurmError when the text is not the expected JSON.
+    """
+    jobs = []
+    for raw in _load(text, "jobs", "squeue --json"):
+        job_id = number(raw.get("job_id"), None)
+        if job_id is None:
+            raise SlurmError(f"squeue --json job without a job_id: {sorted(raw)[:10]}")
+        state, flags = split_state(raw.get("job_state", "UNKNOWN"))
+        nodes = raw.get("nodes") or ""
+        jobs.append(
+            JobInfo(
+                job_id=str(job_id),
+                name=str(raw.get("name") or ""),
+                state=state,
+                nodes=expand_hostlist(nodes) if isinstance(nodes, str) else (),
+                restart_count=number(raw.get("restart_cnt"), 0) or 0,
+                reason=str(raw.get("state_reason") or ""),
+                exit_code=_exit_code(raw.get("exit_code")),
+                flags=flags | frozenset(str(f) for f in raw.get("flags") or []),
+            )
+        )
+    return sorted(jobs, key=lambda j: int(j.job_id))
+
+
+def _exit_code(value: Any) -> int | None:
+    # 22.05: a plain int (the raw wait status); 23+: {"status": [...], "return_code": {...}}.
+    if isinstance(value, dict) and "return_code" in value:
+        return number(value["return_code"], None)
+    return number(value, None)

@@ -1,0 +1,223 @@
+"""The one small port through which the rest of the toolkit talks to Slurm.
+
+``SlurmControl`` is named for its use: read node and job state, take nodes out of service with
+a reason that marks the change as ours, put them back (only when the mark is ours), requeue,
+submit and cancel jobs. :class:`slurm.cli.CliSlurm` implements it with Slurm's command line
+tools; a pyslurm backend can implement the same protocol later without touching callers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from recovery.errors import UsageError
+
+#: Every reason this toolkit writes starts with this; only reasons carrying it are ours.
+OWNER_PREFIX = "recover:"
+
+#: Slurm node names we accept: a letter, then letters, digits, ``-``, ``_`` or ``.``.
+NODE_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
+#: Slurm job ids: a positive integer, optionally with an array or het-job suffix.
+JOB_ID_RE = re.compile(r"^[1-9][0-9]{0,9}(?:_[0-9]{1,9}|\+[0-9]{1,4})?$")
+
+# Base states a node can be in (Slurm's NODE_STATE_BASE); everything else is a flag.
+NODE_BASE_STATES = frozenset(
+    {"UNKNOWN", "DOWN", "IDLE", "ALLOCATED", "ERROR", "MIXED", "FUTURE", "END"}
+)
+
+
+def validate_node_name(name: str) -> str:
+    """Return ``name`` if it is a well-formed Slurm node name.
+
+    Raises :class:`UsageError` naming the accepted form otherwise. Whether the node exists is
+    checked separately against the cluster.
+    """
+    if not NODE_NAME_RE.fullmatch(name):
+        raise UsageError(
+            f"Invalid node name {name!r}: expected a letter followed by up to 62 letters, "
+            "digits, '-', '_' or '.' (e.g. node1)"
+        )
+    return name
+
+
+def validate_job_id(job_id: str | int) -> str:
+    """Return ``job_id`` as text if it is a well-formed Slurm job id (e.g. ``42``, ``42_3``).
+
+    Raises :class:`UsageError` otherwise.
+    """
+    text = str(job_id)
+    if not JOB_ID_RE.fullmatch(text):
+        raise UsageError(
+            f"Invalid job id {text!r}: expected a positive integer such as 42 (array tasks as 42_3)"
+        )
+    return text
+
+
+def ours(reason: str) -> bool:
+    """True when ``reason`` was written by this toolkit (it starts with :data:`OWNER_PREFIX`)."""
+    return reason.strip().startswith(OWNER_PREFIX)
+
+
+def mark(reason: str) -> str:
+    """Prefix ``reason`` with :data:`OWNER_PREFIX` unless it already carries it.
+
+    Raises :class:`UsageError` for an empty reason or one with a newline or a double quote,
+    which Slurm would store mangled.
+    """
+    text = reason.strip()
+    if ours(text):
+        text = text[len(OWNER_PREFIX) :].strip()
+    if not text or "\n" in text or '"' in text:
+        raise UsageError(f"Invalid reason {reason!r}: one non-empty line without '\"'")
+    return f"{OWNER_PREFIX} {text}"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as slurmctld sees it.
+
+    ``state`` is the base state (IDLE, ALLOCATED, MIXED, DOWN, ...); ``flags`` are the rest
+    (DRAIN, NOT_RESPONDING, COMPLETING, ...). ``reason`` is empty when none is set;
+    ``reason_set_by`` is the user who set it (empty when unknown).
+    """
+
+    name: str
+    state: str
+    flags: frozenset[str] = frozenset()
+    reason: str = ""
+    reason_set_by: str = ""
+    cpus: int = 0
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def down(self) -> bool:
+        """The node is DOWN (by an admin, or because slurmd stopped answering)."""
+        return self.state == "DOWN"
+
+    @property
+    def drained(self) -> bool:
+        """The node carries the DRAIN flag (draining or drained)."""
+        return "DRAIN" in self.flags
+
+    @property
+    def in_service(self) -> bool:
+        """The node may receive new jobs: not DOWN, not draining, slurmd answering."""
+        return not (self.down or self.drained or "NOT_RESPONDING" in self.flags)
+
+    @property
+    def reason_is_ours(self) -> bool:
+        """The current reason carries our owner prefix."""
+        return ours(self.reason)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as slurmctld sees it.
+
+    ``state`` is Slurm's base job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...);
+    ``nodes`` are the nodes it runs (or last ran) on, expanded; ``restart_count`` counts
+    requeues (0 on the first run).
+    """
+
+    job_id: str
+    name: str
+    state: str
+    nodes: tuple[str, ...] = ()
+    restart_count: int = 0
+    reason: str = ""
+    exit_code: int | None = None
+    flags: frozenset[str] = frozenset()
+
+    @property
+    def finished(self) -> bool:
+        """The job reached a terminal state and will not run again unless requeued."""
+        return self.state in TERMINAL_JOB_STATES
+
+
+TERMINAL_JOB_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+    }
+)
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """A batch job to submit: a script plus sbatch options (without the leading ``--``).
+
+    ``options`` maps an sbatch long option to its value (``None`` for a bare switch such as
+    ``requeue``); ``extra_args`` are passed through verbatim before the script.
+    """
+
+    script: str
+    options: Mapping[str, str | None] = field(default_factory=dict)
+    extra_args: Sequence[str] = ()
+    workdir: str | None = None
+
+
+class SlurmControl(Protocol):
+    """What the toolkit needs from Slurm. Every action is idempotent and marked as ours.
+
+    Failure modes shared by all methods: :class:`recovery.errors.SlurmUnavailableError`
+    (transient: slurmctld unreachable or timed out) and
+    :class:`recovery.errors.SlurmRefusedError` (a verdict: Slurm refused the request).
+    Unknown node names raise :class:`recovery.errors.UsageError` naming the known nodes.
+    """
+
+    def nodes(self) -> list[NodeInfo]:
+        """All nodes, sorted by name."""
+        ...
+
+    def node(self, name: str) -> NodeInfo:
+        """One node; an unknown name raises UsageError listing the known ones."""
+        ...
+
+    def jobs(self) -> list[JobInfo]:
+        """All jobs slurmctld still remembers (running, pending, recently finished)."""
+        ...
+
+    def job(self, job_id: str | int) -> JobInfo:
+        """One job; an unknown id raises UsageError."""
+        ...
+
+    def jobs_on(self, node: str) -> list[JobInfo]:
+        """Running (or completing) jobs that use ``node``."""
+        ...
+
+    def down(self, node: str, reason: str) -> bool:
+        """Set ``node`` DOWN with ``reason`` (prefixed with ``recover:``); requeueable jobs on
+        it are requeued by Slurm. Returns False when it already held (no-op)."""
+        ...
+
+    def drain(self, node: str, reason: str) -> bool:
+        """Set ``node`` DRAIN with ``reason`` (prefixed); running jobs keep running.
+        Returns False when it already held (no-op)."""
+        ...
+
+    def resume(self, node: str, *, force: bool = False) -> bool:
+        """Return ``node`` to service. Only if its reason is ours unless ``force``; otherwise
+        raises ReasonNotOursError. Returns False when it was already in service."""
+        ...
+
+    def requeue(self, job_id: str | int) -> bool:
+        """Requeue a job. Returns False when it is already pending (no-op)."""
+        ...
+
+    def submit(self, job: BatchJob) -> str:
+        """Submit a batch job; returns its job id."""
+        ...
+
+    def cancel(self, job_id: str | int) -> bool:
+        """Cancel a job. Returns False when it had already finished (no-op)."""
+        ...

@@ -1,0 +1,169 @@
+"""Starting and stopping the local cluster's daemons by pid, without leaving anything behind.
+
+Daemons are started in the foreground (``-D``/``-F``) in their own session with
+``posix_spawn``, so the pid we record is the daemon itself. Each carries an environment marker
+(:data:`MARKER_ENV` = the cluster's state dir); ``slurmstepd`` inherits slurmd's environment,
+and job processes are its descendants, so "marked processes and their descendants" is exactly
+what a cluster started - never a process of another cluster or of the user's shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+#: Environment variable set on every daemon we start; its value is the cluster's state dir.
+MARKER_ENV = "RECOVER_SLURM_CLUSTER"
+#: Set on each slurmd (and so on its job steps): the node it serves.
+NODE_ENV = "RECOVER_SLURM_NODE"
+
+_PROC = Path("/proc")
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path) -> int:
+    """Start ``argv`` in a new session with stdout/stderr appended to ``log``; return its pid.
+
+    Raises OSError when the program cannot be executed.
+    """
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        return os.posix_spawnp(
+            argv[0],
+            list(argv),
+            dict(env),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, fd, 1),
+                (os.POSIX_SPAWN_DUP2, fd, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(fd)
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) of ``pid``, or None when it no longer exists."""
+    try:
+        text = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name sits in parentheses and may itself contain spaces or ')'.
+    rest = text[text.rindex(")") + 2 :].split()
+    return rest[0], int(rest[1])
+
+
+def alive(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie (a zombie of ours is reaped on the way)."""
+    st = _stat(pid)
+    if st is None:
+        return False
+    if st[0] in ("Z", "X"):
+        _reap(pid)
+        return False
+    return True
+
+
+def parent_of(pid: int) -> int | None:
+    """Parent pid of ``pid``, or None when it no longer exists."""
+    st = _stat(pid)
+    return None if st is None else st[1]
+
+
+def _reap(pid: int) -> None:
+    # Daemons started by this very process (a pytest session) become our zombies when they
+    # exit; daemons started by an earlier `recover cluster up` belong to init, which reaps them.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _environ_has(pid: int, entries: set[bytes]) -> bool:
+    try:
+        data = (_PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return False
+    return entries <= set(data.split(b"\0"))
+
+
+def cluster_processes(
+    marker: str, roots: Iterable[int] = (), *, node: str | None = None
+) -> set[int]:
+    """Pids of live processes carrying ``MARKER_ENV=marker`` (and ``NODE_ENV=node`` when
+    ``node`` is given), the given ``roots``, and all their descendants; never this process or
+    its ancestors."""
+    entry = {f"{MARKER_ENV}={marker}".encode()}
+    if node is not None:
+        entry.add(f"{NODE_ENV}={node}".encode())
+    parents: dict[int, int] = {}
+    found: set[int] = set()
+    for p in _PROC.iterdir():
+        if not p.name.isdigit():
+            continue
+        pid = int(p.name)
+        st = _stat(pid)
+        if st is None or st[0] in ("Z", "X"):
+            continue
+        parents[pid] = st[1]
+        if _environ_has(pid, entry):
+            found.add(pid)
+    found |= {r for r in roots if r in parents}
+    # Descendants: repeat until no new child of a found process appears.
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in found and pid not in found:
+                found.add(pid)
+                grew = True
+    protected = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in protected:
+        protected.add(pid)
+        pid = parents.get(pid, 1)
+    return found - protected
+
+
+def stop(
+    pids: Iterable[int],
+    *,
+    kill_now: Iterable[int] = (),
+    grace_s: float = 6.0,
+    poll_s: float = 0.05,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[int]:
+    """SIGTERM every pid in ``pids`` and SIGKILL every pid in ``kill_now``, all at once; wait
+    up to ``grace_s`` seconds, then SIGKILL what is left.
+
+    Returns the pids that had to be killed after the grace period. Pids that vanish on the
+    way are fine.
+    """
+    targets = {p for p in pids if alive(p)}
+    doomed = {p for p in kill_now if alive(p)}
+    for p in targets - doomed:
+        _signal(p, signal.SIGTERM)
+    for p in doomed:
+        _signal(p, signal.SIGKILL)
+    targets |= doomed
+    deadline = clock() + grace_s
+    while clock() < deadline:
+        targets = {p for p in targets if alive(p)}
+        if not targets:
+            return []
+        sleep(poll_s)
+    killed = sorted(p for p in targets if alive(p))
+    for p in killed:
+        _signal(p, signal.SIGKILL)
+    deadline = clock() + 2.0
+    while clock() < deadline and any(alive(p) for p in killed):
+        sleep(poll_s)
+    return killed
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)

@@ -1,0 +1,51 @@
+"""A node set DOWN, or one whose slurmd crashes: the requeueable job runs on elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm.cli_slurm import CliSlurm
+from slurm.cluster import LocalCluster
+from tests.slurm.conftest import SLURMD_TIMEOUT_S, wait_for
+from tests.slurm.test_adapter import output_lines, running, submit_loop
+
+pytestmark = pytest.mark.slurm
+
+
+def test_down_requeues_the_job_onto_another_node(slurm_ctl: CliSlurm, job_dir: Path) -> None:
+    job_id = submit_loop(slurm_ctl, job_dir)
+    first = wait_for(lambda: running(slurm_ctl, job_id), 15, "job running")
+    wait_for(lambda: output_lines(job_dir, 0), 10, "output of the first run")
+    (node,) = first.nodes
+    assert slurm_ctl.down(node, "xid79 gpu fell off the bus") is True
+    # Slurm requeues it by itself; it may start again after cred_expire + 1 s.
+    second = wait_for(lambda: running(slurm_ctl, job_id), 30, "job running again")
+    assert second.restart_count == 1
+    assert node not in second.nodes
+    lines = wait_for(lambda: output_lines(job_dir, 1), 10, "output of the second run")
+    assert lines[0][2] == second.nodes[0]
+
+
+def test_crashed_slurmd_gets_its_node_down_and_the_job_requeued(
+    local_cluster: LocalCluster, slurm_ctl: CliSlurm, job_dir: Path
+) -> None:
+    job_id = submit_loop(slurm_ctl, job_dir)
+    first = wait_for(lambda: running(slurm_ctl, job_id), 15, "job running")
+    wait_for(lambda: output_lines(job_dir, 0), 10, "output of the first run")
+    (node,) = first.nodes
+    killed = local_cluster.crash_node(node)
+    assert len(killed) >= 2  # slurmd, its job step and the job's processes
+    down = wait_for(
+        lambda: (n := slurm_ctl.node(node)).down and n, 4 * SLURMD_TIMEOUT_S, f"{node} DOWN"
+    )
+    assert "NOT_RESPONDING" in down.flags
+    second = wait_for(lambda: running(slurm_ctl, job_id), 40, "job running elsewhere")
+    assert second.restart_count == 1
+    assert node not in second.nodes
+    wait_for(lambda: output_lines(job_dir, 1), 10, "output of the second run")
+    # Nothing of the first run survives on the crashed node: only the new run writes.
+    before = len(output_lines(job_dir, 0))
+    wait_for(lambda: len(output_lines(job_dir, 1)) >= 3, 10, "the second run progressing")
+    assert len(output_lines(job_dir, 0)) == before

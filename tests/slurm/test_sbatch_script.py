@@ -1,0 +1,136 @@
+"""The generated batch script: golden text, and its signal/requeue behaviour run by bash with a
+stand-in training process and a recording ``scontrol`` (no Slurm needed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from recovery.errors import UsageError
+from slurm.sbatch import (
+    PREEMPTED_STATUS,
+    render_batch_script,
+    training_job,
+    with_auto_resume,
+)
+
+GOLDEN = Path(__file__).parent / "golden" / "train.sbatch"
+TRAIN = ["recover", "train", "--run-dir", "/runs/demo 1", "--steps", "100", "--save-every", "10"]
+
+# Saves and exits 75 on USR1 or TERM, like `recover train`; otherwise runs STEPS x 0.1 s.
+STAND_IN = """\
+#!/bin/bash
+log=$1
+trap 'echo USR1 >> "$log"; exit 75' USR1
+trap 'echo TERM >> "$log"; exit 75' TERM
+echo started >> "$log"
+for i in $(seq 1 "$2"); do sleep 0.1; done
+echo done >> "$log"
+exit "${3:-0}"
+"""
+
+
+def test_script_matches_golden_file() -> None:
+    script = render_batch_script(with_auto_resume(TRAIN), signal_lead_s=60)
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(script)
+    assert script == GOLDEN.read_text()
+
+
+def test_training_job_options() -> None:
+    job = training_job(TRAIN, sbatch_args=["--time=5", "-N", "1"], signal_lead_s=90)
+    assert dict(job.options) == {
+        "requeue": None,
+        "open-mode": "append",
+        "signal": "B:USR1@90",
+        "job-name": "recover-train",
+    }
+    assert list(job.extra_args) == ["--time=5", "-N", "1"]
+    assert "'/runs/demo 1'" in job.script
+    assert "--auto-resume" in job.script
+
+
+def test_auto_resume_is_added_only_to_recover_train_without_a_resume_flag() -> None:
+    assert with_auto_resume(TRAIN)[-1] == "--auto-resume"
+    assert with_auto_resume([*TRAIN, "--resume"]) == [*TRAIN, "--resume"]
+    assert with_auto_resume([*TRAIN, "--auto-resume"]).count("--auto-resume") == 1
+    py = ["python3", "-m", "recovery", "train", "--steps", "3"]
+    assert with_auto_resume(py)[-1] == "--auto-resume"
+    assert with_auto_resume(["bash", "run.sh"]) == ["bash", "run.sh"]
+
+
+@pytest.mark.parametrize("lead", [0, 70000])
+def test_signal_lead_out_of_range_is_refused(lead: int) -> None:
+    with pytest.raises(UsageError, match="expected 1 to 65535"):
+        training_job(TRAIN, signal_lead_s=lead)
+
+
+def test_empty_command_is_refused() -> None:
+    with pytest.raises(UsageError, match="after '--'"):
+        render_batch_script([], signal_lead_s=60)
+
+
+def run_script(
+    tmp_path: Path, *, steps: int, send: signal.Signals | None, exit_status: int = 0
+) -> tuple[int, list[str], str]:
+    """Run the generated script; optionally signal it once the stand-in started.
+
+    Returns (exit status, stand-in log lines, recorded scontrol calls).
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    fake = bin_dir / "scontrol"
+    fake.write_text(f'#!/bin/bash\necho "$*" >> {calls}\n')
+    fake.chmod(0o755)
+    stand_in = tmp_path / "train.sh"
+    stand_in.write_text(STAND_IN)
+    log = tmp_path / "train.log"
+    script = tmp_path / "job.sbatch"
+    script.write_text(
+        render_batch_script(
+            ["bash", str(stand_in), str(log), str(steps), str(exit_status)], signal_lead_s=60
+        )
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42"}
+    proc = subprocess.Popen(["bash", str(script)], env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while not (log.exists() and "started" in log.read_text()):
+            assert time.monotonic() < deadline, "stand-in never started"
+            time.sleep(0.02)
+        if send is not None:
+            proc.send_signal(send)
+        status = proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    recorded = calls.read_text() if calls.exists() else ""
+    return status, log.read_text().split(), recorded
+
+
+def test_usr1_is_forwarded_and_a_preempted_exit_requeues_the_job(tmp_path: Path) -> None:
+    status, log, calls = run_script(tmp_path, steps=300, send=signal.SIGUSR1)
+    assert log == ["started", "USR1"]
+    assert calls == "requeue 42\n"
+    assert status == 0
+
+
+def test_term_is_forwarded_and_its_status_kept_without_requeue(tmp_path: Path) -> None:
+    status, log, calls = run_script(tmp_path, steps=300, send=signal.SIGTERM)
+    assert log == ["started", "TERM"]
+    assert calls == ""
+    assert status == PREEMPTED_STATUS
+
+
+@pytest.mark.parametrize("exit_status", [0, 3])
+def test_a_normal_exit_keeps_its_status(tmp_path: Path, exit_status: int) -> None:
+    status, log, calls = run_script(tmp_path, steps=2, send=None, exit_status=exit_status)
+    assert log == ["started", "done"]
+    assert (status, calls) == (exit_status, "")

@@ -1,0 +1,117 @@
+"""Training under Slurm through the sbatch wrapper: USR1 -> save -> requeue -> resume, and a
+node set DOWN under a real `recover train` job that still ends bit-for-bit as if undisturbed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm.cli_slurm import CliSlurm
+from slurm.sbatch import submit_training
+from tests.slurm.conftest import wait_for
+from tests.slurm.test_adapter import running
+
+pytestmark = pytest.mark.slurm
+
+RECOVER = str(Path(sys.executable).parent / "recover")
+
+# Stands in for `recover train`: saves and exits 75 on USR1; a restarted run finishes quickly.
+STAND_IN = """\
+#!/bin/bash
+log=$1
+trap 'echo USR1 >> "$log"; exit 75' USR1
+echo "started ${SLURM_RESTART_COUNT:-0}" >> "$log"
+steps=600
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then steps=3; fi
+for i in $(seq 1 "$steps"); do sleep 0.1; done
+echo done >> "$log"
+"""
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_usr1_saves_requeues_and_the_job_finishes(slurm_ctl: CliSlurm, job_dir: Path) -> None:
+    stand_in = job_dir / "train.sh"
+    stand_in.write_text(STAND_IN)
+    log = job_dir / "train.log"
+    job_id = submit_training(
+        slurm_ctl,
+        ["bash", str(stand_in), str(log)],
+        sbatch_args=[f"--output={job_dir}/slurm-%j.out", f"--chdir={job_dir}"],
+        signal_lead_s=30,
+    )
+    wait_for(lambda: "started 0" in _lines(log), 20, "stand-in started")
+    # What Slurm does signal_lead_s before the time limit: USR1 to the batch shell only.
+    slurm_ctl.run(["scancel", "--batch", "--signal=USR1", job_id])
+    wait_for(lambda: slurm_ctl.job(job_id).state == "COMPLETED", 40, "job completed")
+    assert _lines(log) == ["started 0", "USR1", "started 1", "done"]
+    assert slurm_ctl.job(job_id).restart_count == 1
+    out = (job_dir / f"slurm-{job_id}.out").read_text()
+    assert f"job {job_id} saved and stopped on USR1; requeueing" in out  # append mode kept it
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def _has_recover_train() -> bool:
+    try:
+        proc = subprocess.run([RECOVER, "train", "--help"], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0 and b"--auto-resume" in proc.stdout
+
+
+def test_down_node_training_resumes_and_matches_an_undisturbed_run(
+    slurm_ctl: CliSlurm, job_dir: Path
+) -> None:
+    if not _has_recover_train():
+        pytest.skip("`recover train --auto-resume` is not available in this checkout")
+    args = ["--steps", "30", "--save-every", "5", "--model", "mlp-tiny", "--step-sleep", "0.3"]
+    reference, victim = job_dir / "reference", job_dir / "victim"
+    ids = {
+        run: submit_training(
+            slurm_ctl,
+            [RECOVER, "train", "--run-dir", str(run), *args],
+            sbatch_args=[f"--output={job_dir}/{run.name}-%j.out", f"--chdir={job_dir}"],
+        )
+        for run in (reference, victim)
+    }
+    # Take the victim's node down once it saved a checkpoint mid-run.
+    wait_for(
+        lambda: any(e["event"] == "checkpoint" and e["step"] >= 5 for e in _events(victim)),
+        90,
+        "victim's first checkpoint",
+    )
+    first = running(slurm_ctl, ids[victim])
+    assert first is not None
+    assert slurm_ctl.down(first.nodes[0], "xid79 test") is True
+
+    def done() -> bool:
+        return all(slurm_ctl.job(i).state == "COMPLETED" for i in ids.values())
+
+    wait_for(done, 150, "both training jobs completed", interval_s=1)
+    assert slurm_ctl.job(ids[victim]).restart_count == 1
+    assert slurm_ctl.job(ids[reference]).restart_count == 0
+
+    events = _events(victim)
+    starts = [e for e in events if e["event"] == "started"]
+    assert [e.get("restart_count") for e in starts] == [0, 1]
+    assert {e.get("slurm_job_id") for e in starts} == {ids[victim]}
+    restored = [e for e in events if e["event"] == "restored"]
+    assert len(restored) == 1
+    assert restored[0]["step"] >= 5
+    (ref_done,) = [e for e in _events(reference) if e["event"] == "completed"]
+    (victim_done,) = [e for e in events if e["event"] == "completed"]
+    assert victim_done["step"] == ref_done["step"] == 30
+    assert victim_done["state_digest"] == ref_done["state_digest"]

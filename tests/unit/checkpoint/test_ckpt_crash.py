@@ -1,0 +1,207 @@
+"""Crash consistency: whatever instant a save is interrupted at, the newest durable step restores.
+
+Two complementary checks:
+
+* in-process: a stand-in for ``os`` aborts the save at its n-th system call, for every n, so
+  every crash point of one save (with retention) is visited deterministically;
+* real processes: a child saves in a loop and is SIGKILLed at seeded random moments.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from recovery.checkpoint import CheckpointStore, RetentionPolicy, RunLock
+from recovery.checkpoint import format as fmt
+from recovery.checkpoint import store as store_mod
+
+AssertSame = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None]
+ArraysFor = Callable[[int], dict[str, np.ndarray]]
+
+CHILD = Path(__file__).with_name("crash_child.py")
+_child = runpy.run_path(str(CHILD))
+content: Callable[[int], dict[str, np.ndarray]] = _child["content"]
+CHILD_CONFIG: dict[str, Any] = _child["RUN_CONFIG"]
+KEEP_LAST: int = _child["KEEP_LAST"]
+
+
+# --- in-process: every crash point of one save -----------------------------------------------
+
+
+class Crash(BaseException):
+    """The process "died" here (BaseException: nothing in the store may catch it)."""
+
+
+class CrashingOs:
+    """Forwards to ``os``; the ``at``-th mutating call (0-based) raises :class:`Crash` instead.
+
+    Writes happen in place, so the bytes already written stay, as they would after a kill.
+    """
+
+    MUTATING = frozenset({"open", "write", "fsync", "rename", "close", "mkdir", "unlink"})
+
+    def __init__(self, at: int | None) -> None:
+        self.at = at
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(os, name)
+        if name not in self.MUTATING:
+            return real
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            n, self.calls = self.calls, self.calls + 1
+            if n == self.at:
+                if name == "write":  # a torn write: half the chunk lands
+                    fd, data = args
+                    os.write(fd, bytes(data[: len(data) // 2]))
+                raise Crash(f"killed at call #{n}: {name}")
+            return real(*args, **kwargs)
+
+        return call
+
+
+def _setup(root: Path, arrays_for: ArraysFor, run_config: dict[str, Any]) -> CheckpointStore:
+    store = CheckpointStore(root, workers=1, retention=RetentionPolicy(keep_last=2))
+    for s in (1, 2, 3):
+        store.save(s, arrays_for(s), run_config=run_config)
+    return store
+
+
+def _copy_of(template: Path, root: Path) -> CheckpointStore:
+    shutil.copytree(template, root)  # cheaper than three fsynced saves per crash point
+    return CheckpointStore(root, workers=1, retention=RetentionPolicy(keep_last=2))
+
+
+def test_every_crash_point_of_a_save_leaves_a_restorable_run(
+    tmp_path: Path,
+    arrays_for: ArraysFor,
+    assert_same: AssertSame,
+    run_config: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Count the system calls of one complete save (step 4, which also retires step 2).
+    template = _setup(tmp_path / "template", arrays_for, run_config).root
+    counter = CrashingOs(at=None)
+    store = _copy_of(template, tmp_path / "count")
+    monkeypatch.setattr(store_mod, "os", counter)
+    store.save(4, arrays_for(4), run_config=run_config)
+    monkeypatch.undo()
+    total = counter.calls
+    assert total > 10
+
+    outcomes = set()
+    for at in range(total):
+        store = _copy_of(template, tmp_path / f"crash{at}")
+        monkeypatch.setattr(store_mod, "os", CrashingOs(at))
+        with pytest.raises(Crash):
+            store.save(4, arrays_for(4), run_config=run_config)
+        monkeypatch.undo()
+
+        # "Restart": a fresh store object on the same directory.
+        after = CheckpointStore(store.root, retention=RetentionPolicy(keep_last=2))
+        result = after.restore_latest(run_config=run_config)
+        assert result.fallbacks == [], f"crash at #{at} left a damaged step"
+        assert result.loaded.step in (3, 4)
+        assert_same(result.loaded.arrays, arrays_for(result.loaded.step))
+        outcomes.add(result.loaded.step)
+        after.remove_leftovers()
+        names = sorted(p.name for p in after.root.iterdir())
+        assert all(fmt.parse_step_dir(n) is not None for n in names), names
+        # The resumed run saves on; retention catches up.
+        after.save(5, arrays_for(5), run_config=run_config)
+        assert after.steps() == [result.loaded.step, 5]
+    assert outcomes == {3, 4}, "the crash points should straddle the commit"
+
+
+# --- real processes, SIGKILLed ---------------------------------------------------------------
+
+
+def _read_line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait()
+        stderr = proc.stderr.read() if proc.stderr else ""
+        pytest.fail(f"child exited early with status {proc.returncode}:\n{stderr}")
+    return line
+
+
+def _kill_loop(root: Path, kills: int, seed: int) -> list[int]:
+    """SIGKILL a saving child ``kills`` times; check the run after each kill."""
+    rng = random.Random(seed)
+    store = CheckpointStore(root, retention=RetentionPolicy(keep_last=KEEP_LAST))
+    store.save(0, content(0), run_config=CHILD_CONFIG, metadata={"step": 0})
+    durable = 0  # newest step the child reported as saved: must never be lost
+    restored_steps = []
+    for kill in range(kills):
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), str(root)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert _read_line(proc).split() == ["ready", str(durable)]
+            # Let a random number of saves complete, then kill at a random instant after
+            # that: sometimes mid-write, mid-retention, or right between two saves.
+            for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
+                word, saved = _read_line(proc).split()
+                assert word == "saved"
+                durable = int(saved)
+            time.sleep(rng.uniform(0.0, 0.06))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            out, err = proc.communicate()
+        assert proc.returncode == -signal.SIGKILL, err
+        for line in out.splitlines():  # saves that finished after the last line we read
+            durable = int(line.split()[1])
+
+        with RunLock(root).held():  # free again: the kernel dropped the dead child's lock
+            result = store.restore_latest(run_config=CHILD_CONFIG)
+            step = result.loaded.step
+            assert result.fallbacks == [], f"kill {kill}: a committed step was damaged"
+            assert step >= durable, f"kill {kill}: step {durable} was reported durable"
+            assert step <= durable + 1, f"kill {kill}: step {step} was never started"
+            assert result.loaded.manifest.metadata == {"step": step}
+            loaded = result.loaded.arrays
+            want = content(step)
+            assert sorted(loaded) == sorted(want)
+            for name, a in want.items():
+                assert loaded[name].dtype == a.dtype, name
+                assert np.array_equal(loaded[name], a), name
+            # A kill between commit and retention leaves at most one extra step.
+            assert len(store.steps()) <= KEEP_LAST + 1
+            store.remove_leftovers()
+            assert sorted(p.name for p in root.iterdir() if p.name != ".lock") == [
+                fmt.step_dir_name(s) for s in store.steps()
+            ]
+        durable = step  # the next child resumes from here
+        restored_steps.append(step)
+    return restored_steps
+
+
+def test_sigkill_during_saves_never_loses_a_durable_step(tmp_path: Path) -> None:
+    steps = _kill_loop(tmp_path / "run", kills=8, seed=1234)
+    assert steps == sorted(steps)
+    assert steps[-1] > 0, "the children should have committed something"
+
+
+@pytest.mark.slow
+def test_sigkill_during_saves_many_times(tmp_path: Path) -> None:
+    steps = _kill_loop(tmp_path / "run", kills=48, seed=2024)
+    assert steps == sorted(steps)
+    assert steps[-1] >= 10

@@ -1,0 +1,249 @@
+"""Retention: the pure rule, and what survives saves that fail part way."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recovery.checkpoint import CheckpointStore, RetentionPolicy, steps_to_delete
+from recovery.checkpoint import format as fmt
+from recovery.checkpoint import store as store_mod
+from recovery.errors import UsageError
+
+ArraysFor = Callable[[int], dict[str, np.ndarray]]
+AssertSame = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None]
+
+# --- the pure rule ---------------------------------------------------------------------------
+
+policies = st.builds(
+    RetentionPolicy,
+    keep_last=st.integers(1, 6),
+    keep_every=st.none() | st.integers(1, 40),
+)
+step_sets = st.sets(st.integers(0, 120), max_size=25)
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[list[int], RetentionPolicy, int]:
+    steps = sorted(draw(step_sets))
+    policy = draw(policies)
+    # Usually one of the steps (the save that just finished); sometimes any number.
+    anywhere = st.integers(0, 130)
+    newest = draw(st.sampled_from(steps) | anywhere if steps else anywhere)
+    return steps, policy, newest
+
+
+@settings(deadline=None, max_examples=300)
+@given(cases())
+def test_steps_to_delete_properties(case: tuple[list[int], RetentionPolicy, int]) -> None:
+    steps, policy, newest = case
+    doomed = steps_to_delete(steps, policy, newest_durable=newest)
+
+    assert doomed == sorted(set(doomed)), "ascending, no repeats"
+    assert set(doomed) <= set(steps)
+    assert newest not in doomed, "the newest durable step is never deleted"
+    assert all(s < newest for s in doomed), "nothing at or past newest_durable is deleted"
+    candidates = [s for s in steps if s <= newest]
+    assert not set(candidates[-policy.keep_last :]) & set(doomed), "the last keep_last are kept"
+    if policy.keep_every:
+        assert all(s % policy.keep_every for s in doomed), "milestones are kept"
+    # And everything else goes: the rule is exact, not merely cautious.
+    expected = [
+        s
+        for s in candidates[: -policy.keep_last]
+        if s != newest and not (policy.keep_every and s % policy.keep_every == 0)
+    ]
+    assert doomed == expected
+
+
+@settings(deadline=None, max_examples=100)
+@given(step_sets, policies)
+def test_steps_to_delete_is_idempotent(steps: set[int], policy: RetentionPolicy) -> None:
+    if not steps:
+        return
+    newest = max(steps)
+    first = steps_to_delete(sorted(steps), policy, newest_durable=newest)
+    survivors = sorted(steps - set(first))
+    assert steps_to_delete(survivors, policy, newest_durable=newest) == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "newest", "expected"),
+    [
+        (RetentionPolicy(keep_last=3), 10, [1, 2, 3, 4, 5, 6, 7]),
+        (RetentionPolicy(keep_last=3, keep_every=4), 10, [1, 2, 3, 5, 6, 7]),
+        (RetentionPolicy(keep_last=1), 10, list(range(1, 10))),
+        (RetentionPolicy(keep_last=2), 5, [1, 2, 3]),  # 6..10 are newer: left alone
+        (RetentionPolicy(keep_last=20), 10, []),
+    ],
+)
+def test_steps_to_delete_examples(
+    policy: RetentionPolicy, newest: int, expected: list[int]
+) -> None:
+    assert steps_to_delete(list(range(1, 11)), policy, newest_durable=newest) == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [({"keep_last": 0}, "keep_last must be >= 1"), ({"keep_every": 0}, "keep_every must be >= 1")],
+)
+def test_invalid_policy_is_a_usage_error(kwargs: dict[str, int], fragment: str) -> None:
+    with pytest.raises(UsageError, match=fragment):
+        RetentionPolicy(**kwargs)
+
+
+# --- retention in the store ------------------------------------------------------------------
+
+
+@pytest.fixture
+def kept(root: Path, clock: Any) -> CheckpointStore:
+    return CheckpointStore(root, clock=clock, retention=RetentionPolicy(keep_last=2))
+
+
+def _save(store: CheckpointStore, step: int, arrays_for: ArraysFor, cfg: dict[str, Any]) -> Any:
+    return store.save(step, arrays_for(step), run_config=cfg)
+
+
+def test_retention_after_each_save(
+    kept: CheckpointStore, arrays_for: ArraysFor, run_config: dict[str, Any]
+) -> None:
+    deleted = [_save(kept, s, arrays_for, run_config).deleted_steps for s in (1, 2, 3, 4)]
+    assert deleted == [(), (), (1,), (2,)]
+    assert kept.steps() == [3, 4]
+    assert sorted(p.name for p in kept.root.iterdir()) == ["step_00000003", "step_00000004"]
+
+
+def test_store_without_retention_keeps_everything(
+    store: CheckpointStore, arrays_for: ArraysFor, run_config: dict[str, Any]
+) -> None:
+    for s in range(5):
+        assert _save(store, s, arrays_for, run_config).deleted_steps == ()
+    assert store.steps() == [0, 1, 2, 3, 4]
+    assert store.apply_retention(newest_durable=4) == []
+
+
+class _FailOnCall:
+    """Wraps a function; the ``n``-th call (1-based, thread-safe count) raises OSError."""
+
+    def __init__(self, real: Callable[..., Any], n: int) -> None:
+        self.real, self.n, self.calls = real, n, 0
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.calls += 1
+            fail = self.calls == self.n
+        if fail:
+            raise OSError(5, "Input/output error (injected)")
+        return self.real(*args, **kwargs)
+
+
+class _OsWithFailingRename:
+    """Stands in for the ``os`` module inside the store; the n-th rename fails."""
+
+    def __init__(self, n: int) -> None:
+        self.rename = _FailOnCall(os.rename, n)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+
+class _Unconvertible:
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise RuntimeError("device array was deleted")
+
+
+def _break_write(mp: pytest.MonkeyPatch, n: int) -> None:
+    mp.setattr(store_mod, "_write_file", _FailOnCall(store_mod._write_file, n))
+
+
+def _break_rename(mp: pytest.MonkeyPatch, n: int) -> None:
+    mp.setattr(store_mod, "os", _OsWithFailingRename(n))
+
+
+FAILURES: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+    "first-leaf-write": lambda mp: _break_write(mp, 1),
+    "last-leaf-write": lambda mp: _break_write(mp, 3),
+    "manifest-write": lambda mp: _break_write(mp, 4),  # 3 leaves, then the manifest
+    "commit-rename": lambda mp: _break_rename(mp, 1),
+}
+
+
+@pytest.mark.parametrize("failure", [*sorted(FAILURES), "unconvertible-array"])
+def test_failed_save_deletes_nothing_and_a_later_save_applies_retention(
+    failure: str,
+    kept: CheckpointStore,
+    arrays_for: ArraysFor,
+    assert_same: AssertSame,
+    run_config: dict[str, Any],
+) -> None:
+    for s in (1, 2, 3):
+        _save(kept, s, arrays_for, run_config)
+    assert kept.steps() == [2, 3]
+
+    with pytest.MonkeyPatch.context() as mp:
+        arrays: dict[str, Any] = dict(arrays_for(4))
+        if failure == "unconvertible-array":
+            arrays["opt/count"] = _Unconvertible()
+            expected_error: type[BaseException] = RuntimeError
+        else:
+            FAILURES[failure](mp)
+            expected_error = OSError
+        with pytest.raises(expected_error):
+            kept.save(4, arrays, run_config=run_config)
+
+    # Nothing committed was touched; the newest intact step still restores.
+    assert kept.steps() == [2, 3]
+    result = kept.restore_latest(run_config=run_config)
+    assert (result.loaded.step, result.fallbacks) == (3, [])
+    assert_same(result.loaded.arrays, arrays_for(3))
+    assert_same(kept.load(2).arrays, arrays_for(2))
+    leftovers = [p.name for p in kept.root.iterdir() if p.name.startswith(fmt.TMP_PREFIX)]
+    assert all(n.startswith(".tmp-step_00000004-") for n in leftovers)
+    assert kept.remove_leftovers() == sorted(leftovers)
+
+    # The next save succeeds and retention resumes from where it was.
+    assert _save(kept, 4, arrays_for, run_config).deleted_steps == (2,)
+    assert _save(kept, 5, arrays_for, run_config).deleted_steps == (3,)
+    assert kept.steps() == [4, 5]
+    assert_same(kept.restore_latest(run_config=run_config).loaded.arrays, arrays_for(5))
+
+
+def test_failed_retention_delete_leaves_the_new_step_committed(
+    kept: CheckpointStore,
+    arrays_for: ArraysFor,
+    run_config: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for s in (1, 2):
+        _save(kept, s, arrays_for, run_config)
+    # Rename 1 commits step 3; rename 2 would move step 1 to the trash.
+    monkeypatch.setattr(store_mod, "os", _OsWithFailingRename(2))
+    with pytest.raises(OSError, match="injected"):
+        _save(kept, 3, arrays_for, run_config)
+    monkeypatch.undo()
+
+    assert kept.steps() == [1, 2, 3]
+    assert kept.restore_latest(run_config=run_config).loaded.step == 3
+    assert kept.apply_retention(newest_durable=3) == [1]
+    assert kept.steps() == [2, 3]
+
+
+def test_retention_never_deletes_a_newer_step_than_the_one_saved(
+    kept: CheckpointStore, arrays_for: ArraysFor, run_config: dict[str, Any]
+) -> None:
+    # A run resumed from step 4 after step 8 was found damaged writes step 5, 6, ...
+    for s in (2, 4, 8):
+        CheckpointStore(kept.root).save(s, arrays_for(s), run_config=run_config)
+    (kept.step_path(8) / fmt.MANIFEST).unlink()
+
+    assert _save(kept, 5, arrays_for, run_config).deleted_steps == (2,)
+    assert kept.steps() == [4, 5, 8]
