@@ -111,6 +111,23 @@ def raw_read(arrays: list[np.ndarray], directory: Path) -> list[np.ndarray]:
     ]
 
 
+def raw_save_one_file(arrays: list[np.ndarray], directory: Path) -> None:
+    """Every leaf appended to one file with ``ndarray.tofile``, one fsync, then the dir."""
+    directory.mkdir()
+    with open(directory / "all.bin", "wb") as f:
+        for a in arrays:
+            a.tofile(f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(directory)
+
+
+def raw_read_one_file(arrays: list[np.ndarray], directory: Path) -> list[np.ndarray]:
+    """``np.fromfile`` of each leaf in turn from the one file: no checks at all."""
+    with open(directory / "all.bin", "rb") as f:
+        return [np.fromfile(f, dtype=a.dtype, count=a.size).reshape(a.shape) for a in arrays]
+
+
 # --- one round ---------------------------------------------------------------------------------
 
 
@@ -154,6 +171,14 @@ def run_round(state: Any, root: Path, opts: Options) -> dict[str, float]:
     _settle(before_read=True, opts=opts)
     f["raw_read"], out = _timed(lambda: raw_read(host, root / "raw"))
     del out
+    _settle(before_read=False, opts=opts)
+    f["raw1_save"], _ = _timed(lambda: raw_save_one_file(host, root / "raw1"))
+    _settle(before_read=True, opts=opts)
+    f["raw1_read"], out = _timed(lambda: raw_read_one_file(host, root / "raw1"))
+    del out
+    # The limit is whichever raw layout the disk prefers this round.
+    f["raw_limit_save"] = min(f["raw_save"], f["raw1_save"])
+    f["raw_limit_read"] = min(f["raw_read"], f["raw1_read"])
 
     store = (
         CheckpointStore(root / "ours", workers=opts.workers)
@@ -224,17 +249,20 @@ def _orbax_round(state: Any, directory: Path, opts: Options) -> dict[str, float]
 # --- reporting -------------------------------------------------------------------------------
 
 # (row label, implementation, key, raw key for the "x raw" column, whether GB/s makes sense)
+# "x raw" compares with the faster of the two raw layouts of the same round (the limit).
 ROWS: list[tuple[str, str, str, str | None, bool]] = [
-    ("save, durable", "raw", "raw_save", "raw_save", True),
-    ("save, durable", "ours", "ours_save", "raw_save", True),
-    ("save, durable", "orbax", "orbax_save", "raw_save", True),
-    ("restore", "raw read", "raw_read", "raw_read", True),
-    ("restore+verify", "ours", "ours_restore", "raw_read", True),
-    ("restore", "orbax", "orbax_restore", "raw_read", True),
+    ("save, durable", "raw files", "raw_save", "raw_limit_save", True),
+    ("save, durable", "raw 1file", "raw1_save", "raw_limit_save", True),
+    ("save, durable", "ours", "ours_save", "raw_limit_save", True),
+    ("save, durable", "orbax", "orbax_save", "raw_limit_save", True),
+    ("restore", "raw files", "raw_read", "raw_limit_read", True),
+    ("restore", "raw 1file", "raw1_read", "raw_limit_read", True),
+    ("restore+verify", "ours", "ours_restore", "raw_limit_read", True),
+    ("restore", "orbax", "orbax_restore", "raw_limit_read", True),
     ("async: blocked", "ours", "ours_async_blocked", None, False),
     ("async: blocked", "orbax", "orbax_async_blocked", None, False),
-    ("async: durable", "ours", "ours_async_durable", "raw_save", True),
-    ("async: durable", "orbax", "orbax_async_durable", "raw_save", True),
+    ("async: durable", "ours", "ours_async_durable", "raw_limit_save", True),
+    ("async: durable", "orbax", "orbax_async_durable", "raw_limit_save", True),
 ]
 
 
@@ -305,8 +333,13 @@ def targets(big: SizeResult, small: SizeResult | None) -> list[tuple[str, float 
         ok = value is not None and value <= limit
         out.append((f"{desc} <= {limit:g}{unit}: {_fmt(value, '.3g')}{unit}", value, ok))
 
-    add(f"{big.label} save / raw save", big.ratio("ours_save", "raw_save"), 1.2, "x")
-    add(f"{big.label} restore+verify / raw read", big.ratio("ours_restore", "raw_read"), 1.5, "x")
+    add(f"{big.label} save / raw save", big.ratio("ours_save", "raw_limit_save"), 1.2, "x")
+    add(
+        f"{big.label} restore+verify / raw read",
+        big.ratio("ours_restore", "raw_limit_read"),
+        1.5,
+        "x",
+    )
     if small is not None:
         add(f"{small.label} save", small.median("ours_save"), 0.03, " s")
     for r in (big, small):

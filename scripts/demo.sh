@@ -25,7 +25,7 @@ $recover checkpoint ls "$demo/run"
 
 echo "== 3. flip one byte in the newest checkpoint (a bad disk, a torn copy)"
 newest=$(ls -d "$demo"/run/checkpoints/step_* | tail -1)
-leaf=$(ls -S "$newest"/L*.bin | head -1)  # the largest leaf
+leaf=$(ls -S "$newest"/D*.bin | head -1)  # the largest data file
 printf '\xff' | dd of="$leaf" bs=1 seek=100 conv=notrunc status=none
 $recover checkpoint ls "$demo/run" || true
 

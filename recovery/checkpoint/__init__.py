@@ -4,12 +4,12 @@ See ``docs/checkpoint-format.md`` for the on-disk format.
 """
 
 from recovery.checkpoint.asyncsave import AsyncCheckpointer
+from recovery.checkpoint.lock import RunLock
 from recovery.checkpoint.retention import RetentionPolicy, steps_to_delete
 from recovery.checkpoint.store import (
     CheckpointStore,
     Loaded,
     RestoreResult,
-    RunLock,
     SaveResult,
     StepStatus,
 )

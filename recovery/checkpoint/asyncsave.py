@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -102,6 +101,9 @@ class AsyncCheckpointer:
         if exc is None:
             self.close()
             return
-        # Already failing: still finish the save so no data is lost, but keep the first error.
-        with contextlib.suppress(BackgroundSaveError):
+        # Already failing: still finish the save so no data is lost, and keep the first
+        # error as the one raised, with the save's failure attached rather than dropped.
+        try:
             self.close()
+        except BackgroundSaveError as save_error:
+            exc.add_note(f"also: {save_error}")

@@ -4,12 +4,13 @@ A checkpoint is one directory per step under a checkpoint root::
 
     <root>/step_00000008/
         manifest.json        written last; its presence marks a finished save
-        L00000.bin           raw little-endian bytes of leaf 0 (C order, no header)
-        L00001.bin           ...
+        D00000.bin           data file: raw little-endian leaf bytes (C order, no header),
+        D00001.bin           each leaf at a 64-byte-aligned offset; big states use several
 
-Every leaf file is readable with numpy alone::
+Every leaf is readable with numpy alone::
 
-    np.fromfile(dir / leaf["file"], dtype=leaf["dtype"]).reshape(leaf["shape"])
+    np.fromfile(dir / leaf["file"], dtype=leaf["dtype"], count=math.prod(leaf["shape"]),
+                offset=leaf["offset"]).reshape(leaf["shape"])
 
 (``bfloat16`` and the other ML dtypes need ``import ml_dtypes`` first, which jax installs.)
 The full description lives in ``docs/checkpoint-format.md``; keep the two in step.
@@ -46,6 +47,7 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
     "run_config_id": str,
     "metadata": dict,
     "digest_algorithm": str,
+    "files": list,
     "leaves": list,
     "total_bytes": int,
     "manifest_checksum": str,
@@ -53,12 +55,17 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
 _LEAF_REQUIRED: dict[str, type] = {
     "path": str,
     "file": str,
+    "offset": int,
     "dtype": str,
     "shape": list,
     "nbytes": int,
     "digest": str,
 }
-_LEAF_FILE_RE = re.compile(r"^L\d{5,}\.bin$")
+_DATA_FILE_RE = re.compile(r"^D\d{5,}\.bin$")
+
+
+def data_file_name(index: int) -> str:
+    return f"D{index:05d}.bin"
 
 
 def step_dir_name(step: int) -> str:
@@ -100,25 +107,37 @@ class LeafEntry:
     path: str
     """Key path of the leaf in the state tree, e.g. ``params/layers/0/w``."""
     file: str
-    """File name inside the step directory."""
+    """Data file (inside the step directory) that holds the leaf."""
+    offset: int
+    """Byte offset of the leaf in that file; a multiple of 64."""
     dtype: str
     """numpy dtype name (``float32``, ``bfloat16``, ...); bytes are little-endian."""
     shape: tuple[int, ...]
     """Array shape; the file holds ``prod(shape) * itemsize`` bytes in C order."""
     nbytes: int
-    """Exact file size in bytes."""
+    """Bytes of the leaf: ``prod(shape) * itemsize``."""
     digest: str
-    """xxh3-128 of the file's bytes, 32 lowercase hex digits."""
+    """xxh3-128 of the leaf's bytes, 32 lowercase hex digits."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "file": self.file,
+            "offset": self.offset,
             "dtype": self.dtype,
             "shape": list(self.shape),
             "nbytes": self.nbytes,
             "digest": self.digest,
         }
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One data file of a checkpoint."""
+
+    name: str
+    nbytes: int
+    """Exact size: a different size means truncation or overwrite."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +149,7 @@ class Manifest:
     run_config: dict[str, Any]
     run_config_id: str
     metadata: dict[str, Any]
+    files: tuple[FileEntry, ...]
     leaves: tuple[LeafEntry, ...]
     total_bytes: int
 
@@ -140,6 +160,7 @@ def build_manifest(
     created_unix: float,
     run_config: Mapping[str, Any],
     metadata: Mapping[str, Any],
+    files: list[FileEntry],
     leaves: list[LeafEntry],
 ) -> dict[str, Any]:
     """The JSON object written as ``manifest.json``, checksum included."""
@@ -152,6 +173,7 @@ def build_manifest(
         "run_config_id": config_identity(run_config),
         "metadata": dict(metadata),
         "digest_algorithm": DIGEST_ALGORITHM,
+        "files": [{"name": f.name, "nbytes": f.nbytes} for f in files],
         "leaves": [leaf.to_json() for leaf in leaves],
         "total_bytes": sum(leaf.nbytes for leaf in leaves),
     }
@@ -179,18 +201,19 @@ def parse_manifest(raw: bytes, *, dir_step: int) -> Manifest:
         raise ManifestInvalid(f"manifest is not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise ManifestInvalid("manifest is not a JSON object")
+    # Format and version first: another version may lay out its fields differently.
+    if obj.get("format") != FORMAT_NAME:
+        raise ManifestInvalid(f"manifest format is {obj.get('format')!r}, expected {FORMAT_NAME!r}")
+    if obj.get("format_version") != FORMAT_VERSION:
+        raise ManifestInvalid(
+            f"manifest format_version {obj.get('format_version')!r} is not supported "
+            f"(this version reads {FORMAT_VERSION})"
+        )
     for key, typ in _REQUIRED.items():
         if key not in obj:
             raise ManifestInvalid(f"manifest lacks field {key!r}")
         if not isinstance(obj[key], typ) or isinstance(obj[key], bool):
             raise ManifestInvalid(f"manifest field {key!r} has the wrong type")
-    if obj["format"] != FORMAT_NAME:
-        raise ManifestInvalid(f"manifest format is {obj['format']!r}, expected {FORMAT_NAME!r}")
-    if obj["format_version"] != FORMAT_VERSION:
-        raise ManifestInvalid(
-            f"manifest format_version {obj['format_version']} is not supported "
-            f"(this version reads {FORMAT_VERSION})"
-        )
     if obj["step"] != dir_step:
         raise ManifestInvalid(
             f"manifest says step {obj['step']} but the directory is step {dir_step} "
@@ -202,6 +225,16 @@ def parse_manifest(raw: bytes, *, dir_step: int) -> Manifest:
         raise ManifestInvalid(
             "manifest checksum mismatch: the manifest was modified after it was written"
         )
+    files: dict[str, FileEntry] = {}
+    for i, f in enumerate(obj["files"]):
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            raise ManifestInvalid(f"manifest file entry {i} is not valid")
+        if not _DATA_FILE_RE.match(f["name"]):
+            # Guards against a path that escapes the directory.
+            raise ManifestInvalid(f"manifest names an invalid data file {f['name']!r}")
+        if type(f.get("nbytes")) is not int or f["nbytes"] < 0:
+            raise ManifestInvalid(f"manifest data file {f['name']} has an invalid size")
+        files[f["name"]] = FileEntry(f["name"], f["nbytes"])
     leaves = []
     for i, leaf in enumerate(obj["leaves"]):
         if not isinstance(leaf, dict):
@@ -211,15 +244,16 @@ def parse_manifest(raw: bytes, *, dir_step: int) -> Manifest:
                 raise ManifestInvalid(f"manifest leaf {i} lacks a valid {key!r}")
         if not all(type(d) is int and d >= 0 for d in leaf["shape"]):
             raise ManifestInvalid(f"manifest leaf {i} has an invalid shape {leaf['shape']!r}")
-        if type(leaf["nbytes"]) is not int or leaf["nbytes"] < 0:
-            raise ManifestInvalid(f"manifest leaf {i} has an invalid nbytes {leaf['nbytes']!r}")
-        if not _LEAF_FILE_RE.match(leaf["file"]):
-            # Guards against a path that escapes the directory.
-            raise ManifestInvalid(f"manifest leaf {i} names an invalid file {leaf['file']!r}")
+        for key in ("nbytes", "offset"):
+            if type(leaf[key]) is not int or leaf[key] < 0:
+                raise ManifestInvalid(f"manifest leaf {i} has an invalid {key} {leaf[key]!r}")
+        if leaf["file"] not in files:
+            raise ManifestInvalid(f"manifest leaf {i} names an unknown data file {leaf['file']!r}")
         leaves.append(
             LeafEntry(
                 path=leaf["path"],
                 file=leaf["file"],
+                offset=leaf["offset"],
                 dtype=leaf["dtype"],
                 shape=tuple(int(d) for d in leaf["shape"]),
                 nbytes=leaf["nbytes"],
@@ -234,6 +268,7 @@ def parse_manifest(raw: bytes, *, dir_step: int) -> Manifest:
         run_config=obj["run_config"],
         run_config_id=obj["run_config_id"],
         metadata=obj["metadata"],
+        files=tuple(files.values()),
         leaves=tuple(leaves),
         total_bytes=obj["total_bytes"],
     )
@@ -257,7 +292,5 @@ def state_digest(leaves: Iterable[LeafEntry]) -> str:
     Two states are bit-identical exactly when their digests match; computing it costs no
     extra pass over the data because leaf digests are taken while writing or verifying.
     """
-    h = xxhash.xxh3_128()
-    for leaf in leaves:
-        h.update(canonical_json([leaf.path, leaf.dtype, list(leaf.shape), leaf.digest]))
-    return str(h.hexdigest())
+    rows = [[leaf.path, leaf.dtype, list(leaf.shape), leaf.digest] for leaf in leaves]
+    return str(xxhash.xxh3_128_hexdigest(canonical_json(rows)))

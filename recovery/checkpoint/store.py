@@ -2,8 +2,9 @@
 
 Save protocol (each step survives power loss, not only a killed process):
 
-1. write every leaf into a temporary sibling directory ``.tmp-step_N-<id>``, hashing each
-   buffer as it is written (no second read), then ``fsync`` each file;
+1. pack the leaves into a few data files in a temporary sibling directory
+   ``.tmp-step_N-<id>``, hashing each leaf as it is written (no second read), and ``fsync``
+   each file (files are written in parallel: fsync waits, it does not compute);
 2. write ``manifest.json`` last and ``fsync`` it, then ``fsync`` the temporary directory;
 3. ``rename`` it to ``step_N`` and ``fsync`` the checkpoint root so the rename is durable.
 
@@ -16,14 +17,11 @@ This module knows nothing about JAX; :mod:`recovery.checkpoint.tree` converts py
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import math
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from recovery.checkpoint import files as io
 from recovery.checkpoint import format as fmt
 from recovery.checkpoint.retention import RetentionPolicy, steps_to_delete
 from recovery.errors import (
@@ -38,12 +37,9 @@ from recovery.errors import (
     CheckpointDamaged,
     ConfigMismatchError,
     NoCheckpointError,
-    RunLockedError,
     UsageError,
 )
 
-_CHUNK = 64 * 1024 * 1024  # bytes per write()/readinto(); bounded so hashing overlaps I/O
-_ALIGN = 64  # bytes; alignment of arrays read back (see _aligned_empty)
 _READ_BYTES_PER_THREAD = 16 * 1024 * 1024  # a restore uses one thread per this much
 
 Clock = Callable[[], float]
@@ -61,11 +57,17 @@ class SaveResult:
     """:func:`recovery.checkpoint.format.state_digest` of what was saved."""
     deleted_steps: tuple[int, ...] = ()
     """Older steps removed by retention after this save became durable."""
+    retention_errors: tuple[str, ...] = ()
+    """Deletions that failed (the save itself succeeded; the step is retried next time)."""
 
 
 @dataclass(frozen=True)
 class Loaded:
-    """A checkpoint that passed every check, with its arrays in host memory."""
+    """A checkpoint that passed every check, with its arrays in host memory.
+
+    On the CPU backend ``tree.from_host`` adopts these arrays without copying: do not write to
+    them once they back a JAX state.
+    """
 
     manifest: fmt.Manifest
     arrays: dict[str, np.ndarray]
@@ -101,109 +103,6 @@ class StepStatus:
     reason: str
     size_bytes: int
     age_s: float
-
-
-def _dtype(name: str) -> np.dtype[Any]:
-    try:
-        return np.dtype(name)
-    except TypeError:
-        import ml_dtypes  # bfloat16, float8_*: registered by jax's own dependency
-
-        try:
-            return np.dtype(getattr(ml_dtypes, name))  # type: ignore[no-any-return]
-        except AttributeError:
-            raise TypeError(f"unknown dtype {name!r}") from None
-
-
-def _as_bytes(arr: np.ndarray) -> memoryview:
-    """A flat byte view of ``arr`` in C order and little-endian, copying only when needed."""
-    a = np.ascontiguousarray(arr)
-    if a.dtype.byteorder == ">":
-        a = a.astype(a.dtype.newbyteorder("<"))
-    return a.reshape(-1).view(np.uint8).data
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, data: memoryview) -> str:
-    """Write ``data`` to a new file, fsync it, and return its digest (hashed while writing)."""
-    hasher = fmt.new_hasher()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        for start in range(0, len(data), _CHUNK):
-            chunk = data[start : start + _CHUNK]
-            hasher.update(chunk)
-            while chunk:
-                written = os.write(fd, chunk)
-                chunk = chunk[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return str(hasher.hexdigest())
-
-
-def _aligned_empty(nbytes: int) -> np.ndarray:
-    """An uninitialised byte array whose data starts on a ``_ALIGN`` boundary.
-
-    jax's CPU backend adopts a host array without copying only when it is 64-byte aligned;
-    numpy's allocator guarantees 16. Aligning here makes ``tree.from_host`` free on CPU (a
-    full copy of the state otherwise) and costs nothing elsewhere.
-    """
-    buf = np.empty(nbytes + _ALIGN, dtype=np.uint8)
-    start = -buf.ctypes.data % _ALIGN
-    return buf[start : start + nbytes]
-
-
-def _read_leaf(directory: Path, entry: fmt.LeafEntry) -> np.ndarray:
-    """Read and verify one leaf file. Raises ValueError with the reason on any mismatch."""
-    # Plain fds and preadv rather than pathlib and file objects: at a few hundred small
-    # leaves the per-file Python overhead is most of a restore.
-    try:
-        fd = os.open(os.path.join(directory, entry.file), os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ValueError(f"leaf file {entry.file} ({entry.path}) is missing") from None
-    try:
-        size = os.fstat(fd).st_size
-        if size != entry.nbytes:
-            raise ValueError(
-                f"leaf file {entry.file} ({entry.path}) has {size} bytes, manifest says "
-                f"{entry.nbytes} (truncated or overwritten)"
-            )
-        try:
-            dtype = _dtype(entry.dtype)
-        except TypeError as e:
-            raise ValueError(f"leaf {entry.path}: {e}") from None
-        if min(entry.shape, default=0) < 0 or (
-            math.prod(entry.shape) * dtype.itemsize != entry.nbytes
-        ):
-            raise ValueError(
-                f"leaf {entry.path}: shape {entry.shape} x {dtype} != {entry.nbytes} B"
-            )
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead from disk
-        out = _aligned_empty(entry.nbytes)
-        view = out.data
-        hasher = fmt.new_hasher()
-        pos = 0
-        while pos < entry.nbytes:
-            n = os.preadv(fd, [view[pos : pos + _CHUNK]], pos)
-            if not n:
-                raise ValueError(f"leaf file {entry.file} ended early at byte {pos}")
-            hasher.update(view[pos : pos + n])
-            pos += n
-    finally:
-        os.close(fd)
-    if hasher.hexdigest() != entry.digest:
-        raise ValueError(
-            f"leaf file {entry.file} ({entry.path}) content digest mismatch "
-            "(bytes changed on disk)"
-        )
-    return out.view(dtype).reshape(entry.shape)
 
 
 class CheckpointStore:
@@ -262,13 +161,9 @@ class CheckpointStore:
                 state: StepState = (
                     "incomplete" if e.reason.startswith(fmt.MANIFEST + " missing") else "corrupt"
                 )
-                out.append(
-                    StepStatus(path.name, step, state, e.reason, size, now - _mtime(path))
-                )
+                out.append(StepStatus(path.name, step, state, e.reason, size, now - _mtime(path)))
                 continue
-            out.append(
-                StepStatus(path.name, step, "intact", "", size, now - manifest.created_unix)
-            )
+            out.append(StepStatus(path.name, step, "intact", "", size, now - manifest.created_unix))
         if self.root.is_dir():
             for p in sorted(self.root.iterdir()):
                 if p.name.startswith((fmt.TMP_PREFIX, fmt.TRASH_PREFIX)):
@@ -307,32 +202,53 @@ class CheckpointStore:
         manifest = self._manifest(step)
         if read:
             self._read_all(step, manifest)
-        else:
-            directory = self.step_path(step)
-            for entry in manifest.leaves:
-                p = directory / entry.file
-                if not p.exists():
-                    raise CheckpointDamaged(step, f"leaf file {entry.file} is missing")
-                if p.stat().st_size != entry.nbytes:
-                    raise CheckpointDamaged(step, f"leaf file {entry.file} has the wrong size")
+            return manifest
+        directory = self.step_path(step)
+        for f in manifest.files:
+            try:
+                size = (directory / f.name).stat().st_size
+            except FileNotFoundError:
+                raise CheckpointDamaged(step, f"data file {f.name} is missing") from None
+            if size != f.nbytes:
+                raise CheckpointDamaged(
+                    step, f"data file {f.name} has {size} bytes, manifest says {f.nbytes}"
+                )
         return manifest
 
     def _read_all(self, step: int, manifest: fmt.Manifest) -> dict[str, np.ndarray]:
         directory = self.step_path(step)
+        by_file: dict[str, list[fmt.LeafEntry]] = {f.name: [] for f in manifest.files}
+        for leaf in manifest.leaves:
+            by_file[leaf.file].append(leaf)
+        for group in by_file.values():
+            group.sort(key=lambda leaf: leaf.offset)  # sequential reads
+
+        def read(f: fmt.FileEntry) -> list[np.ndarray]:
+            return io.read_packed(directory, f, by_file[f.name])
+
         # Reading from the page cache is CPU work (copy + hash), so threads beyond the cores
         # only pay for the GIL; from disk they keep the queue full. Scale with the bytes.
-        threads = min(self._workers, max(1, manifest.total_bytes // _READ_BYTES_PER_THREAD))
+        threads = min(
+            self._workers,
+            len(manifest.files),
+            2 * (os.cpu_count() or 1),
+            max(1, manifest.total_bytes // _READ_BYTES_PER_THREAD),
+        )
         try:
-            if threads == 1:
-                arrays = [_read_leaf(directory, e) for e in manifest.leaves]
+            if threads <= 1:
+                results = [read(f) for f in manifest.files]
             else:
                 with ThreadPoolExecutor(threads) as pool:
-                    arrays = list(pool.map(lambda e: _read_leaf(directory, e), manifest.leaves))
+                    results = list(pool.map(read, manifest.files))
         except ValueError as e:
             raise CheckpointDamaged(step, str(e)) from None
         except OSError as e:
             raise CheckpointDamaged(step, f"cannot read: {e}") from None
-        return {entry.path: arr for entry, arr in zip(manifest.leaves, arrays, strict=True)}
+        arrays: dict[str, np.ndarray] = {}
+        for f, result in zip(manifest.files, results, strict=True):
+            for leaf, arr in zip(by_file[f.name], result, strict=True):
+                arrays[leaf.path] = arr
+        return {leaf.path: arrays[leaf.path] for leaf in manifest.leaves}
 
     def verify(self, step: int, *, run_config: Mapping[str, Any] | None = None) -> fmt.Manifest:
         """Fully verify one step (every byte re-read and hashed).
@@ -393,53 +309,78 @@ class CheckpointStore:
     ) -> SaveResult:
         """Durably save ``arrays`` as checkpoint ``step``, then apply retention.
 
-        An existing ``step_N`` (for instance a damaged one) is replaced only after the new
-        one is complete. Raises OSError on I/O failure, leaving a ``.tmp-`` leftover that the
-        next :meth:`remove_leftovers` deletes; committed checkpoints are never touched then.
+        Input is checked before anything is written. An existing ``step_N`` (for instance a
+        damaged one) is replaced only once the new one is complete.
+
+        Raises:
+            UsageError: negative step, a leaf whose dtype cannot be stored (objects, strings,
+                structured), or a run configuration / metadata that is not plain JSON.
+            OSError: I/O failure; a ``.tmp-`` leftover remains for :meth:`remove_leftovers`
+                and committed checkpoints are untouched.
         """
         if step < 0:
             raise UsageError(f"checkpoint step must be >= 0, got {step}")
+        metadata = dict(metadata or {})
+        for what, value in (("run configuration", run_config), ("metadata", metadata)):
+            try:
+                fmt.canonical_json(dict(value))
+            except (TypeError, ValueError) as e:
+                raise UsageError(f"checkpoint {what} must be plain JSON (no NaN): {e}") from None
+        items = [(path, np.asarray(a)) for path, a in arrays.items()]
+        for path, a in items:
+            if not io.storable(a.dtype):
+                raise UsageError(f"leaf {path!r} has dtype {a.dtype} which cannot be stored")
         t0 = time.perf_counter()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._make_root()
         final = self.step_path(step)
         tmp = self.root / f"{fmt.TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:12]}"
         tmp.mkdir()
-        items = list(arrays.items())
-        files = [f"L{i:05d}.bin" for i in range(len(items))]
-        views = [_as_bytes(np.asarray(a)) for _, a in items]
+        views = [io.as_bytes(a) for _, a in items]
+        plan = io.plan_files([len(v) for v in views], max_files=self._workers)
 
-        def write(i: int) -> str:
-            return _write_file(tmp / files[i], views[i])
+        def write(f: int) -> tuple[list[tuple[int, str]], int]:
+            return io.write_packed(tmp / fmt.data_file_name(f), [views[i] for i in plan[f]])
 
-        # Largest first so the workers finish together.
-        order = sorted(range(len(items)), key=lambda i: -len(views[i]))
-        with ThreadPoolExecutor(self._workers) as pool:
-            digests = dict(zip(order, pool.map(write, order), strict=True))
+        with ThreadPoolExecutor(max(1, min(self._workers, len(plan)))) as pool:
+            written = list(pool.map(write, range(len(plan))))
+        placement: dict[int, tuple[str, int, str]] = {}
+        for f, (placed, _) in enumerate(written):
+            for i, (offset, digest) in zip(plan[f], placed, strict=True):
+                placement[i] = (fmt.data_file_name(f), offset, digest)
         leaves = [
             fmt.LeafEntry(
                 path=path,
-                file=files[i],
-                dtype=np.asarray(a).dtype.name,
-                shape=tuple(np.shape(a)),
+                file=placement[i][0],
+                offset=placement[i][1],
+                dtype=a.dtype.name,
+                shape=tuple(a.shape),
                 nbytes=len(views[i]),
-                digest=digests[i],
+                digest=placement[i][2],
             )
             for i, (path, a) in enumerate(items)
         ]
+        files = [fmt.FileEntry(fmt.data_file_name(f), size) for f, (_, size) in enumerate(written)]
         manifest = fmt.build_manifest(
             step=step,
             created_unix=self._clock(),
             run_config=run_config,
-            metadata=metadata or {},
+            metadata=metadata,
+            files=files,
             leaves=leaves,
         )
-        _write_file(tmp / fmt.MANIFEST, memoryview(fmt.canonical_json(manifest)))
-        _fsync_dir(tmp)
+        io.write_small(tmp / fmt.MANIFEST, fmt.canonical_json(manifest))
+        io.fsync_dir(tmp)
+        replaced = None
         if final.exists():
-            self._discard(final)
-        os.rename(tmp, final)
-        _fsync_dir(self.root)
-        deleted = self.apply_retention(newest_durable=step) if self.retention else []
+            # Replace atomically (swap, then the old copy sits under the temporary name), so
+            # that no crash leaves the step without a copy. Two renames where unsupported.
+            replaced = tmp if io.exchange(tmp, final) else self._move_to_trash(final)
+        if replaced is not tmp:
+            os.rename(tmp, final)
+        io.fsync_dir(self.root)
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
+        deleted, errors = self._retain(newest_durable=step)
         return SaveResult(
             step=step,
             path=final,
@@ -447,13 +388,41 @@ class CheckpointStore:
             seconds=time.perf_counter() - t0,
             state_digest=fmt.state_digest(leaves),
             deleted_steps=tuple(deleted),
+            retention_errors=tuple(errors),
         )
+
+    def _make_root(self) -> None:
+        """Create the root and fsync each new directory's parent, so that the first
+        checkpoint does not vanish with a root whose creation was never made durable."""
+        missing = []
+        p = self.root.absolute()
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        self.root.mkdir(parents=True, exist_ok=True)
+        for d in reversed(missing):
+            io.fsync_dir(d.parent)
+
+    def _retain(self, *, newest_durable: int) -> tuple[list[int], list[str]]:
+        if self.retention is None:
+            return [], []
+        deleted, errors = [], []
+        for step in steps_to_delete(self.steps(), self.retention, newest_durable=newest_durable):
+            try:
+                self._discard(self.step_path(step))
+                deleted.append(step)
+            except OSError as e:  # the save is durable; a failed cleanup must not undo that
+                errors.append(f"step {step}: {e}")
+        return deleted, errors
 
     def apply_retention(self, *, newest_durable: int) -> list[int]:
         """Delete what the retention policy no longer keeps; returns the deleted steps.
 
         Only steps older than ``newest_durable`` (a save that is already on stable storage)
         are candidates, so a newer checkpoint is always durable before an older one goes.
+
+        Raises:
+            OSError: a deletion failed (steps deleted before it stay deleted).
         """
         if self.retention is None:
             return []
@@ -462,12 +431,16 @@ class CheckpointStore:
             self._discard(self.step_path(step))
         return doomed
 
+    def _move_to_trash(self, path: Path) -> Path:
+        trash = self.root / f"{fmt.TRASH_PREFIX}{path.name}-{uuid.uuid4().hex[:12]}"
+        os.rename(path, trash)
+        return trash
+
     def _discard(self, path: Path) -> None:
         # Rename first (atomic) so a crash mid-delete never leaves a half-deleted step_N that
         # would later read as a damaged checkpoint.
-        trash = self.root / f"{fmt.TRASH_PREFIX}{path.name}-{uuid.uuid4().hex[:12]}"
-        os.rename(path, trash)
-        _fsync_dir(self.root)
+        trash = self._move_to_trash(path)
+        io.fsync_dir(self.root)
         shutil.rmtree(trash, ignore_errors=True)
 
     def set_aside(self, step: int) -> Path:
@@ -475,7 +448,7 @@ class CheckpointStore:
         src = self.step_path(step)
         dst = self.root / f"{fmt.DAMAGED_PREFIX}{src.name}-{int(self._clock())}"
         os.rename(src, dst)
-        _fsync_dir(self.root)
+        io.fsync_dir(self.root)
         return dst
 
     def remove_leftovers(self) -> list[str]:
@@ -492,48 +465,6 @@ class CheckpointStore:
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p.name)
         return sorted(removed)
-
-
-class RunLock:
-    """Exclusive lock on a checkpoint root: one writer per run at a time.
-
-    Uses ``flock`` on ``<root>/.lock``, which the kernel releases when the process dies, so a
-    SIGKILLed run never leaves a stale lock behind.
-    """
-
-    def __init__(self, root: Path | str) -> None:
-        self.root = Path(root)
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        """Raises RunLockedError, naming the holder's pid, if another process holds it."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise RunLockedError(
-                f"{self.root} is in use by another training process (pid {holder}); "
-                "two writers would corrupt the run"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[RunLock]:
-        self.acquire()
-        try:
-            yield self
-        finally:
-            self.release()
 
 
 def _du(path: Path) -> int:

@@ -56,7 +56,6 @@ def from_host(template: Any, arrays: dict[str, np.ndarray]) -> Any:
             "checkpoint leaves do not match the model's state: "
             f"missing {missing or 'none'}, unexpected {extra or 'none'}"
         )
-    leaves = []
     for path, tmpl in items:
         arr = arrays[path]
         t_dtype, t_shape = np.dtype(tmpl.dtype), tuple(np.shape(tmpl))
@@ -65,7 +64,12 @@ def from_host(template: Any, arrays: dict[str, np.ndarray]) -> Any:
                 f"checkpoint leaf {path} is {arr.dtype}{list(arr.shape)}, "
                 f"the model expects {t_dtype}{list(t_shape)}"
             )
-        sharding = getattr(tmpl, "sharding", None)
-        leaves.append(arr if sharding is None else jax.device_put(arr, sharding))
+    leaves: list[Any] = [arrays[path] for path, _ in items]
+    placed = [i for i, (_, t) in enumerate(items) if getattr(t, "sharding", None) is not None]
+    if placed:
+        # One batched transfer: per-leaf device_put calls cost ~0.1 ms each in dispatch.
+        moved = jax.device_put([leaves[i] for i in placed], [items[i][1].sharding for i in placed])
+        for i, arr in zip(placed, moved, strict=True):
+            leaves[i] = arr
     treedef = jax.tree_util.tree_structure(template)
     return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -171,6 +171,11 @@ def run_training(
                 M.state_shardings(spec, mesh),
             )
             state, restored = _restore_or_init(opts, store, config, template, init, events, log)
+            origin = f"resuming from step {restored[0]}" if restored else "starting fresh"
+            log(
+                f"recover: {opts.model} to step {opts.steps} on {jax.device_count()} "
+                f"{jax.default_backend()} device(s), {origin}"
+            )
             if restored is not None and restored[0] == opts.steps:
                 # Nothing left to do: report the saved final state, run no update.
                 events.emit("completed", step=restored[0], state_digest=restored[1], updates=0)
@@ -221,6 +226,12 @@ def _restore_or_init(
             "trainer consumes one batch per step, so the checkpoint is not one of its own"
         )
     state = tree.from_host(template, loaded.arrays)
+    try:
+        # A run killed between a save and its retention left extra steps; trim them now that
+        # the restored step is known to be intact (it is the newest, so it is kept).
+        store.apply_retention(newest_durable=loaded.step)
+    except OSError as e:
+        log(f"recover: could not delete an old checkpoint ({e}); will retry after a save")
     events.emit(
         "restored",
         step=loaded.step,
@@ -270,6 +281,8 @@ def _train(
 
     def on_saved(result: SaveResult) -> None:
         durable[result.step] = result.state_digest
+        for error in result.retention_errors:
+            log(f"recover: could not delete an old checkpoint ({error}); will retry later")
         events.emit(
             "checkpoint",
             step=result.step,
@@ -294,6 +307,7 @@ def _train(
 
     preemption = _Preemption()
     updates = 0
+    progress_every = max(1, opts.steps // 10)  # about ten progress lines per run
     with (
         AsyncCheckpointer(store, on_saved=on_saved) as ckpt,
         preemption.installed() if handle_signals else _nullcontext(preemption),
@@ -304,13 +318,12 @@ def _train(
             loss_value = float(loss)  # waits for the step to finish
             step += 1
             updates += 1
+            step_s = time.perf_counter() - t
             events.emit(
-                "step",
-                step=step,
-                loss=loss_value,
-                step_s=round(time.perf_counter() - t, 6),
-                data_position=step - 1,
+                "step", step=step, loss=loss_value, step_s=round(step_s, 6), data_position=step - 1
             )
+            if step % progress_every == 0 or step == opts.steps:
+                log(f"step {step}/{opts.steps} loss {loss_value:.4f} ({step_s * 1e3:.1f} ms/step)")
             if step % opts.save_every == 0 and step < opts.steps:
                 save(step, state, wait=False)
             if opts.step_sleep:

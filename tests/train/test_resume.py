@@ -140,7 +140,7 @@ def test_damaged_newest_checkpoint_falls_back_and_still_matches_control(
     tmp_path: Path, control: str
 ) -> None:
     run_training(_opts(tmp_path, 6), handle_signals=False)  # saves 3 and 6
-    leaf = sorted((tmp_path / "checkpoints" / "step_00000006").glob("L*.bin"))[0]
+    leaf = sorted((tmp_path / "checkpoints" / "step_00000006").glob("D*.bin"))[0]
     data = bytearray(leaf.read_bytes())
     data[len(data) // 2] ^= 0x01
     leaf.write_bytes(bytes(data))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from recovery.checkpoint import CheckpointStore
+from recovery.checkpoint import files as files_mod
 
 RUN_CONFIG: dict[str, Any] = {"model": "tiny", "lr": 3e-4, "batch": 32, "seed": 0}
 
@@ -89,3 +90,25 @@ def commit(store: CheckpointStore, run_config: dict[str, Any]) -> Callable[[int]
         return store.save(step, _arrays_for(step), run_config=run_config).path
 
     return _commit
+
+
+SplitInto = Callable[[int], None]
+
+
+@pytest.fixture
+def split_into(monkeypatch: pytest.MonkeyPatch) -> SplitInto:
+    """``split_into(n)``: saves spread even a tiny state over up to ``n`` data files.
+
+    The real rule starts a second file only past ``FILE_TARGET`` (32 MiB); the store looks
+    ``plan_files`` up on the module, so a smaller target reaches every save. The store still
+    writes with ``min(workers, files)`` threads, so ``workers=1`` stays sequential.
+    """
+    real = files_mod.plan_files
+
+    def apply(n: int) -> None:
+        def plan(sizes: Any, *, max_files: int, target: int = files_mod.FILE_TARGET) -> Any:
+            return real(sizes, max_files=n, target=1)
+
+        monkeypatch.setattr(files_mod, "plan_files", plan)
+
+    return apply

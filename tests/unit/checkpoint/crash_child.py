@@ -2,7 +2,8 @@
 
 Run as ``python crash_child.py ROOT``. It takes the run lock, removes leftovers, restores the
 newest checkpoint and saves the following steps until killed, printing ``ready <step>`` once
-restored and ``saved <step>`` after each save returns (that step is durable then).
+restored and ``saved <step>`` after each save returns (that step is durable then, and
+retention has run). A retention error ends it with a message instead.
 The parent imports :func:`content` (via runpy) to know what every step must contain.
 """
 
@@ -37,7 +38,9 @@ def main(root: str) -> None:
     print("ready", step, flush=True)
     while True:
         step += 1
-        store.save(step, content(step), run_config=RUN_CONFIG, metadata={"step": step})
+        result = store.save(step, content(step), run_config=RUN_CONFIG, metadata={"step": step})
+        if result.retention_errors:  # never expected here: make the parent test fail
+            sys.exit(f"retention failed after step {step}: {result.retention_errors}")
         print("saved", step, flush=True)
 
 

@@ -2,8 +2,9 @@
 
 Two complementary checks:
 
-* in-process: a stand-in for ``os`` aborts the save at its n-th system call, for every n, so
-  every crash point of one save (with retention) is visited deterministically;
+* in-process: a stand-in for ``os`` (in ``files``, which writes and fsyncs, and in ``store``,
+  which renames) aborts the save at its n-th system call, for every n, so every crash point of
+  one save (with retention, or replacing a step) is visited deterministically;
 * real processes: a child saves in a loop and is SIGKILLed at seeded random moments.
 """
 
@@ -25,11 +26,13 @@ import numpy as np
 import pytest
 
 from recovery.checkpoint import CheckpointStore, RetentionPolicy, RunLock
+from recovery.checkpoint import files as files_mod
 from recovery.checkpoint import format as fmt
 from recovery.checkpoint import store as store_mod
 
 AssertSame = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None]
 ArraysFor = Callable[[int], dict[str, np.ndarray]]
+SplitInto = Callable[[int], None]
 
 CHILD = Path(__file__).with_name("crash_child.py")
 _child = runpy.run_path(str(CHILD))
@@ -86,30 +89,40 @@ def _copy_of(template: Path, root: Path) -> CheckpointStore:
     return CheckpointStore(root, workers=1, retention=RetentionPolicy(keep_last=2))
 
 
+def _patch_os(monkeypatch: pytest.MonkeyPatch, fake: CrashingOs) -> None:
+    monkeypatch.setattr(store_mod, "os", fake)
+    monkeypatch.setattr(files_mod, "os", fake)
+
+
+@pytest.mark.parametrize("files", [1, 3])
 def test_every_crash_point_of_a_save_leaves_a_restorable_run(
     tmp_path: Path,
     arrays_for: ArraysFor,
     assert_same: AssertSame,
     run_config: dict[str, Any],
+    split_into: SplitInto,
     monkeypatch: pytest.MonkeyPatch,
+    files: int,
 ) -> None:
+    split_into(files)  # with workers=1 the files are written one after the other
     # Count the system calls of one complete save (step 4, which also retires step 2).
     template = _setup(tmp_path / "template", arrays_for, run_config).root
     counter = CrashingOs(at=None)
     store = _copy_of(template, tmp_path / "count")
-    monkeypatch.setattr(store_mod, "os", counter)
-    store.save(4, arrays_for(4), run_config=run_config)
-    monkeypatch.undo()
+    with monkeypatch.context() as mp:
+        _patch_os(mp, counter)
+        store.save(4, arrays_for(4), run_config=run_config)
     total = counter.calls
-    assert total > 10
+    assert len(store.load(4).manifest.files) == files
+    assert total > 10 + 4 * files
 
     outcomes = set()
     for at in range(total):
         store = _copy_of(template, tmp_path / f"crash{at}")
-        monkeypatch.setattr(store_mod, "os", CrashingOs(at))
-        with pytest.raises(Crash):
-            store.save(4, arrays_for(4), run_config=run_config)
-        monkeypatch.undo()
+        with monkeypatch.context() as mp:
+            _patch_os(mp, CrashingOs(at))
+            with pytest.raises(Crash):
+                store.save(4, arrays_for(4), run_config=run_config)
 
         # "Restart": a fresh store object on the same directory.
         after = CheckpointStore(store.root, retention=RetentionPolicy(keep_last=2))
@@ -125,6 +138,41 @@ def test_every_crash_point_of_a_save_leaves_a_restorable_run(
         after.save(5, arrays_for(5), run_config=run_config)
         assert after.steps() == [result.loaded.step, 5]
     assert outcomes == {3, 4}, "the crash points should straddle the commit"
+
+
+def test_every_crash_point_of_replacing_a_step_keeps_that_step(
+    tmp_path: Path,
+    arrays_for: ArraysFor,
+    assert_same: AssertSame,
+    run_config: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Step 3 is saved again with other content (as when a damaged step is overwritten).
+    template = _setup(tmp_path / "template", arrays_for, run_config).root
+    counter = CrashingOs(at=None)
+    with monkeypatch.context() as mp:
+        _patch_os(mp, counter)
+        _copy_of(template, tmp_path / "count").save(3, arrays_for(30), run_config=run_config)
+    assert counter.calls > 10
+
+    lost = []
+    for at in range(counter.calls):
+        store = _copy_of(template, tmp_path / f"crash{at}")
+        with monkeypatch.context() as mp:
+            _patch_os(mp, CrashingOs(at))
+            with pytest.raises(Crash):
+                store.save(3, arrays_for(30), run_config=run_config)
+
+        after = CheckpointStore(store.root, retention=RetentionPolicy(keep_last=2))
+        after.remove_leftovers()  # what the next training run does first, under the lock
+        result = after.restore_latest(run_config=run_config)
+        assert result.fallbacks == [], f"crash at #{at} left a damaged step"
+        if result.loaded.step != 3:
+            lost.append(at)
+            continue
+        want = arrays_for(30) if result.loaded.arrays["opt/count"] == 30 else arrays_for(3)
+        assert_same(result.loaded.arrays, want)
+    assert lost == [], f"crashes at calls {lost} lost step 3"
 
 
 # --- real processes, SIGKILLed ---------------------------------------------------------------
@@ -146,8 +194,12 @@ def _kill_loop(root: Path, kills: int, seed: int) -> list[int]:
     store = CheckpointStore(root, retention=RetentionPolicy(keep_last=KEEP_LAST))
     store.save(0, content(0), run_config=CHILD_CONFIG, metadata={"step": 0})
     durable = 0  # newest step the child reported as saved: must never be lost
+    # Most step directories there may be: a save that returned ran retention (KEEP_LAST
+    # left); each kill between a commit and its retention adds one, until a save returns.
+    bound = KEEP_LAST
     restored_steps = []
     for kill in range(kills):
+        resumed_from = durable
         proc = subprocess.Popen(
             [sys.executable, str(CHILD), str(root)],
             stdout=subprocess.PIPE,
@@ -169,6 +221,7 @@ def _kill_loop(root: Path, kills: int, seed: int) -> list[int]:
         assert proc.returncode == -signal.SIGKILL, err
         for line in out.splitlines():  # saves that finished after the last line we read
             durable = int(line.split()[1])
+        bound = KEEP_LAST + 1 if durable > resumed_from else bound + 1
 
         with RunLock(root).held():  # free again: the kernel dropped the dead child's lock
             result = store.restore_latest(run_config=CHILD_CONFIG)
@@ -183,8 +236,7 @@ def _kill_loop(root: Path, kills: int, seed: int) -> list[int]:
             for name, a in want.items():
                 assert loaded[name].dtype == a.dtype, name
                 assert np.array_equal(loaded[name], a), name
-            # A kill between commit and retention leaves at most one extra step.
-            assert len(store.steps()) <= KEEP_LAST + 1
+            assert len(store.steps()) <= bound, f"kill {kill}: retention fell behind"
             store.remove_leftovers()
             assert sorted(p.name for p in root.iterdir() if p.name != ".lock") == [
                 fmt.step_dir_name(s) for s in store.steps()

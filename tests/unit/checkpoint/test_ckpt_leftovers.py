@@ -10,31 +10,26 @@ import numpy as np
 import pytest
 
 from recovery.checkpoint import CheckpointStore
-from recovery.checkpoint import store as store_mod
+from recovery.checkpoint import files as files_mod
 
 Commit = Callable[[int], Path]
 
 
 def _interrupted_save(store: CheckpointStore, step: int, run_config: dict[str, Any]) -> Path:
-    """Run a real save that dies while writing its second file; return its temp dir."""
-    real_write = store_mod._write_file
-    calls = 0
+    """Run a real save that dies while writing its manifest; return its temp dir."""
 
-    def failing(path: Path, data: memoryview) -> str:
-        nonlocal calls
-        calls += 1
-        if calls == 2:
-            raise OSError(28, "No space left on device")
-        return real_write(path, data)
+    def failing(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(store_mod, "_write_file", failing)
+    mp.setattr(files_mod, "write_small", failing)
     try:
         with pytest.raises(OSError, match="No space left"):
             store.save(step, {"a": np.ones(1000), "b": np.zeros(10)}, run_config=run_config)
     finally:
         mp.undo()
     (tmp,) = store.root.glob(f".tmp-step_{step:08d}-*")
+    assert sorted(p.name for p in tmp.iterdir()) == ["D00000.bin"]  # data, but no manifest
     return tmp
 
 
@@ -46,7 +41,7 @@ def littered(commit: Commit, store: CheckpointStore, run_config: dict[str, Any])
     tmp = _interrupted_save(store, 12, run_config)
     trash = store.root / ".trash-step_00000002-0123456789ab"
     trash.mkdir()
-    (trash / "L00000.bin").write_bytes(b"\1" * 100)
+    (trash / "D00000.bin").write_bytes(b"\1" * 100)
     (trash / "sub").mkdir()  # rmtree must handle nesting
     (trash / "sub" / "f").write_bytes(b"")
     manual_tmp = store.root / ".tmp-step_00000016-feedfeedfeed"

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recovery.checkpoint import CheckpointStore, RetentionPolicy, steps_to_delete
+from recovery.checkpoint import files as files_mod
 from recovery.checkpoint import format as fmt
 from recovery.checkpoint import store as store_mod
 from recovery.errors import UsageError
@@ -146,11 +147,12 @@ class _FailOnCall:
         return self.real(*args, **kwargs)
 
 
-class _OsWithFailingRename:
-    """Stands in for the ``os`` module inside the store; the n-th rename fails."""
+class _OsWithFailing:
+    """Stands in for the ``os`` module inside the store or ``files``; the n-th call of one
+    function fails."""
 
-    def __init__(self, n: int) -> None:
-        self.rename = _FailOnCall(os.rename, n)
+    def __init__(self, name: str, n: int) -> None:
+        setattr(self, name, _FailOnCall(getattr(os, name), n))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(os, name)
@@ -161,19 +163,28 @@ class _Unconvertible:
         raise RuntimeError("device array was deleted")
 
 
-def _break_write(mp: pytest.MonkeyPatch, n: int) -> None:
-    mp.setattr(store_mod, "_write_file", _FailOnCall(store_mod._write_file, n))
+def _break(mp: pytest.MonkeyPatch, function: str, n: int) -> None:
+    """The n-th call of ``files.<function>`` (as the store looks it up) fails."""
+    mp.setattr(files_mod, function, _FailOnCall(getattr(files_mod, function), n))
 
 
-def _break_rename(mp: pytest.MonkeyPatch, n: int) -> None:
-    mp.setattr(store_mod, "os", _OsWithFailingRename(n))
+def _break_os(mp: pytest.MonkeyPatch, module: Any, name: str, n: int) -> None:
+    mp.setattr(module, "os", _OsWithFailing(name, n))
+
+
+def _split(mp: pytest.MonkeyPatch, n: int) -> None:
+    real = files_mod.plan_files
+    mp.setattr(files_mod, "plan_files", lambda sizes, **_: real(sizes, max_files=n, target=1))
 
 
 FAILURES: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
-    "first-leaf-write": lambda mp: _break_write(mp, 1),
-    "last-leaf-write": lambda mp: _break_write(mp, 3),
-    "manifest-write": lambda mp: _break_write(mp, 4),  # 3 leaves, then the manifest
-    "commit-rename": lambda mp: _break_rename(mp, 1),
+    "first-data-file-write": lambda mp: _break(mp, "write_packed", 1),
+    "third-of-3-data-files": lambda mp: (_split(mp, 3), _break(mp, "write_packed", 3)),
+    "torn-data-write": lambda mp: _break_os(mp, files_mod, "write", 2),
+    "data-fsync": lambda mp: _break_os(mp, files_mod, "fsync", 1),
+    "manifest-write": lambda mp: _break(mp, "write_small", 1),
+    "tmp-dir-fsync": lambda mp: _break(mp, "fsync_dir", 1),
+    "commit-rename": lambda mp: _break_os(mp, store_mod, "rename", 1),
 }
 
 
@@ -226,15 +237,46 @@ def test_failed_retention_delete_leaves_the_new_step_committed(
     for s in (1, 2):
         _save(kept, s, arrays_for, run_config)
     # Rename 1 commits step 3; rename 2 would move step 1 to the trash.
-    monkeypatch.setattr(store_mod, "os", _OsWithFailingRename(2))
-    with pytest.raises(OSError, match="injected"):
-        _save(kept, 3, arrays_for, run_config)
+    monkeypatch.setattr(store_mod, "os", _OsWithFailing("rename", 2))
+    result = _save(kept, 3, arrays_for, run_config)  # the save itself succeeded: no raise
     monkeypatch.undo()
 
+    assert result.step == 3
+    assert result.deleted_steps == ()
+    (error,) = result.retention_errors
+    assert "step 1" in error
+    assert "injected" in error
     assert kept.steps() == [1, 2, 3]
     assert kept.restore_latest(run_config=run_config).loaded.step == 3
+    assert not [p for p in kept.root.iterdir() if p.name.startswith(fmt.TRASH_PREFIX)]
+    # Retried by the next save (or by hand).
     assert kept.apply_retention(newest_durable=3) == [1]
     assert kept.steps() == [2, 3]
+    later = _save(kept, 4, arrays_for, run_config)
+    assert (later.deleted_steps, later.retention_errors) == ((2,), ())
+
+
+def test_a_failed_deletion_does_not_stop_the_others(
+    root: Path, arrays_for: ArraysFor, run_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CheckpointStore(root)
+    for s in (1, 2, 3):
+        _save(store, s, arrays_for, run_config)
+    store.retention = RetentionPolicy(keep_last=1)
+    monkeypatch.setattr(store_mod, "os", _OsWithFailing("rename", 2))  # step 1 to the trash
+
+    result = _save(store, 4, arrays_for, run_config)
+
+    assert result.deleted_steps == (2, 3)
+    assert [e.split(":")[0] for e in result.retention_errors] == ["step 1"]
+    assert store.steps() == [1, 4]
+
+
+def test_successful_save_reports_no_retention_errors(
+    kept: CheckpointStore, arrays_for: ArraysFor, run_config: dict[str, Any]
+) -> None:
+    results = [_save(kept, s, arrays_for, run_config) for s in (1, 2, 3)]
+    assert [r.retention_errors for r in results] == [(), (), ()]
 
 
 def test_retention_never_deletes_a_newer_step_than_the_one_saved(
