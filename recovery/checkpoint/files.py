@@ -187,14 +187,24 @@ def write_small(path: Path, data: bytes) -> None:
 
 
 def read_packed(
-    directory: Path, file: fmt.FileEntry, leaves: Sequence[fmt.LeafEntry]
+    directory: Path,
+    file: fmt.FileEntry,
+    leaves: Sequence[fmt.LeafEntry],
+    buffers: Sequence[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Read one data file and verify the ``leaves`` stored in it (in the order given).
+
+    ``buffers`` (one :func:`aligned_empty` of ``leaf.nbytes`` per leaf) receive the bytes;
+    allocate them on the calling thread when reading from worker threads: glibc gives each
+    thread its own arena, whose big blocks go back to the kernel when freed, so a restore on
+    worker-allocated memory pays page faults and zeroing (as much as the read) every time.
 
     Raises:
         ValueError: with the reason, on a missing or resized file, a dtype or shape that does
             not fit, or a content digest mismatch.
     """
+    if buffers is None:
+        buffers = [aligned_empty(leaf.nbytes) for leaf in leaves]
     try:
         fd = os.open(os.path.join(directory, file.name), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -207,13 +217,12 @@ def read_packed(
                 "(truncated or overwritten)"
             )
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead from disk
-        buf = aligned_empty(file.nbytes)
-        return [_read_leaf(fd, buf, file, leaf) for leaf in leaves]
+        return [_read_leaf(fd, file, leaf, buf) for leaf, buf in zip(leaves, buffers, strict=True)]
     finally:
         os.close(fd)
 
 
-def _read_leaf(fd: int, buf: np.ndarray, file: fmt.FileEntry, leaf: fmt.LeafEntry) -> np.ndarray:
+def _read_leaf(fd: int, file: fmt.FileEntry, leaf: fmt.LeafEntry, buf: np.ndarray) -> np.ndarray:
     try:
         dtype = dtype_from_name(leaf.dtype)
     except TypeError as e:
@@ -225,7 +234,9 @@ def _read_leaf(fd: int, buf: np.ndarray, file: fmt.FileEntry, leaf: fmt.LeafEntr
     end = leaf.offset + leaf.nbytes
     if leaf.offset % ALIGN or end > file.nbytes:
         raise ValueError(f"leaf {leaf.path}: bytes {leaf.offset}..{end} lie outside {file.name}")
-    view = buf.data[leaf.offset : end]
+    if buf.nbytes != leaf.nbytes:
+        raise ValueError(f"leaf {leaf.path}: buffer of {buf.nbytes} B for {leaf.nbytes} B")
+    view = buf.data
     hasher = fmt.new_hasher()
     pos = 0
     while pos < leaf.nbytes:
@@ -239,4 +250,4 @@ def _read_leaf(fd: int, buf: np.ndarray, file: fmt.FileEntry, leaf: fmt.LeafEntr
             f"leaf {leaf.path} ({file.name} at byte {leaf.offset}) content digest mismatch "
             "(bytes changed on disk)"
         )
-    return buf[leaf.offset : end].view(dtype).reshape(leaf.shape)
+    return buf.view(dtype).reshape(leaf.shape)

@@ -223,8 +223,12 @@ class CheckpointStore:
         for group in by_file.values():
             group.sort(key=lambda leaf: leaf.offset)  # sequential reads
 
+        # Allocated here, on this thread, rather than by the workers: see read_packed.
+        buffers = {leaf.path: io.aligned_empty(leaf.nbytes) for leaf in manifest.leaves}
+
         def read(f: fmt.FileEntry) -> list[np.ndarray]:
-            return io.read_packed(directory, f, by_file[f.name])
+            group = by_file[f.name]
+            return io.read_packed(directory, f, group, [buffers[leaf.path] for leaf in group])
 
         # Reading from the page cache is CPU work (copy + hash), so threads beyond the cores
         # only pay for the GIL; from disk they keep the queue full. Scale with the bytes.
