@@ -36,6 +36,7 @@ import numpy as np
 
 from recovery.checkpoint import tree
 from recovery.checkpoint.asyncsave import AsyncCheckpointer
+from recovery.checkpoint.files import fsync_dir
 from recovery.checkpoint.store import CheckpointStore
 
 RUN_CONFIG = {"benchmark": "checkpoint_bench"}
@@ -84,14 +85,6 @@ def state_bytes(state: Any) -> int:
 # --- raw numpy: the limit ----------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def raw_save(arrays: list[np.ndarray], directory: Path) -> None:
     """One file per leaf, each written with ``ndarray.tofile`` and fsynced, then the dir."""
     directory.mkdir()
@@ -100,7 +93,7 @@ def raw_save(arrays: list[np.ndarray], directory: Path) -> None:
             a.tofile(f)
             f.flush()
             os.fsync(f.fileno())
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def raw_read(arrays: list[np.ndarray], directory: Path) -> list[np.ndarray]:
@@ -119,7 +112,7 @@ def raw_save_one_file(arrays: list[np.ndarray], directory: Path) -> None:
             a.tofile(f)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def raw_read_one_file(arrays: list[np.ndarray], directory: Path) -> list[np.ndarray]:

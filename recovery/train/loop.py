@@ -25,7 +25,12 @@ from typing import Any
 
 from recovery.checkpoint import AsyncCheckpointer, CheckpointStore, RetentionPolicy, RunLock
 from recovery.checkpoint.store import SaveResult
-from recovery.errors import CheckpointExistsError, StepBehindError, UsageError
+from recovery.errors import (
+    CheckpointError,
+    CheckpointExistsError,
+    StepBehindError,
+    UsageError,
+)
 from recovery.events import EventLog, slurm_context
 
 #: Exit status after a SIGTERM/SIGUSR1 that was handled by saving: EX_TEMPFAIL, "try again".
@@ -221,7 +226,7 @@ def _restore_or_init(
         )
     position = loaded.manifest.metadata.get("data_position")
     if position != loaded.step:
-        raise UsageError(
+        raise CheckpointError(
             f"checkpoint step {loaded.step} records data position {position!r}; this "
             "trainer consumes one batch per step, so the checkpoint is not one of its own"
         )

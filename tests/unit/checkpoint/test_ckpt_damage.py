@@ -376,6 +376,31 @@ def test_set_aside_moves_a_damaged_step_out_of_the_way(
     assert "set aside" in rows[moved.name].reason
 
 
+def _resealed_edit_falls_back(
+    commit: Commit,
+    store: CheckpointStore,
+    run_config: dict[str, Any],
+    section: str,
+    change: dict[str, Any],
+    fragment: str,
+) -> None:
+    """Step 8 with ``change`` applied to its first ``section`` entry (checksum redone) must
+    fail verification with ``fragment`` in the reason, and restore must fall back to 4."""
+    commit(4)
+    step_dir = store.step_path(8)
+    store.save(8, {"a": np.arange(2, dtype=np.int64)}, run_config=run_config)
+
+    def edit(m: dict[str, Any]) -> None:
+        m[section][0].update(change)
+
+    _edit_manifest(step_dir, edit, reseal=True)
+
+    result = store.restore_latest(run_config=run_config)
+    assert result.loaded.step == 4
+    assert [step for step, _ in result.fallbacks] == [8]
+    assert fragment in result.fallbacks[0][1], result.fallbacks
+
+
 @pytest.mark.parametrize(
     ("leaf_edit", "fragment"),
     [
@@ -403,19 +428,7 @@ def test_resealed_manifest_with_invalid_leaf_fields_is_damage(
     leaf_edit: dict[str, Any],
     fragment: str,
 ) -> None:
-    commit(4)
-    step_dir = store.step_path(8)
-    store.save(8, {"a": np.arange(2, dtype=np.int64)}, run_config=run_config)
-
-    def edit(m: dict[str, Any]) -> None:
-        m["leaves"][0].update(leaf_edit)
-
-    _edit_manifest(step_dir, edit, reseal=True)
-
-    result = store.restore_latest(run_config=run_config)
-    assert result.loaded.step == 4
-    assert [step for step, _ in result.fallbacks] == [8]
-    assert fragment in result.fallbacks[0][1], result.fallbacks
+    _resealed_edit_falls_back(commit, store, run_config, "leaves", leaf_edit, fragment)
 
 
 @pytest.mark.parametrize(
@@ -437,19 +450,7 @@ def test_resealed_manifest_with_invalid_file_entries_is_damage(
     file_edit: dict[str, Any],
     fragment: str,
 ) -> None:
-    commit(4)
-    step_dir = store.step_path(8)
-    store.save(8, {"a": np.arange(2, dtype=np.int64)}, run_config=run_config)
-
-    def edit(m: dict[str, Any]) -> None:
-        m["files"][0].update(file_edit)
-
-    _edit_manifest(step_dir, edit, reseal=True)
-
-    result = store.restore_latest(run_config=run_config)
-    assert result.loaded.step == 4
-    assert [step for step, _ in result.fallbacks] == [8]
-    assert fragment in result.fallbacks[0][1], result.fallbacks
+    _resealed_edit_falls_back(commit, store, run_config, "files", file_edit, fragment)
 
 
 @pytest.mark.parametrize("damage", [flip_byte, truncate_file, missing_file])

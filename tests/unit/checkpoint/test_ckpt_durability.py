@@ -194,6 +194,19 @@ def test_retention_deletes_only_after_the_new_step_is_durable(
     assert not trash.exists()
 
 
+def _track_deletions(monkeypatch: pytest.MonkeyPatch, tracer: TracingOs) -> list[tuple[Path, int]]:
+    """Record each ``shutil.rmtree`` of the store with the trace position it happened at."""
+    deletions: list[tuple[Path, int]] = []
+    real_rmtree = store_mod.shutil.rmtree
+
+    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        deletions.append((Path(path), len(tracer.trace)))
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(store_mod.shutil, "rmtree", rmtree)
+    return deletions
+
+
 def _trace_exchange(monkeypatch: pytest.MonkeyPatch, tracer: TracingOs, *, supported: bool) -> None:
     """Record ``files.exchange`` in the trace; ``supported=False`` forces the fallback."""
     real = files_mod.exchange
@@ -216,14 +229,7 @@ def test_replacing_a_step_swaps_it_atomically_after_the_new_copy_is_durable(
     store.save(3, arrays_for(1), run_config=run_config)
     tracer = _trace(monkeypatch)
     _trace_exchange(monkeypatch, tracer, supported=True)
-    deletions: list[tuple[Path, int]] = []
-    real_rmtree = store_mod.shutil.rmtree
-
-    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
-        deletions.append((Path(path), len(tracer.trace)))
-        real_rmtree(path, *args, **kwargs)
-
-    monkeypatch.setattr(store_mod.shutil, "rmtree", rmtree)
+    deletions = _track_deletions(monkeypatch, tracer)
 
     store.save(3, arrays_for(3), run_config=run_config)
 
@@ -276,14 +282,7 @@ def test_replaced_step_is_deleted_only_after_the_new_one_is_durable(
     store.save(3, arrays_for(1), run_config=run_config)
     tracer = _trace(monkeypatch)
     _trace_exchange(monkeypatch, tracer, supported=False)
-    deletions: list[tuple[Path, int]] = []
-    real_rmtree = store_mod.shutil.rmtree
-
-    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
-        deletions.append((Path(path), len(tracer.trace)))
-        real_rmtree(path, *args, **kwargs)
-
-    monkeypatch.setattr(store_mod.shutil, "rmtree", rmtree)
+    deletions = _track_deletions(monkeypatch, tracer)
 
     store.save(3, arrays_for(3), run_config=run_config)
 
