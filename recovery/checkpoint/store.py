@@ -384,7 +384,7 @@ class CheckpointStore:
         io.fsync_dir(self.root)
         if replaced is not None:
             shutil.rmtree(replaced, ignore_errors=True)
-        deleted, errors = self._retain(newest_durable=step)
+        deleted, errors = self.apply_retention(newest_durable=step)
         return SaveResult(
             step=step,
             path=final,
@@ -407,7 +407,17 @@ class CheckpointStore:
         for d in reversed(missing):
             io.fsync_dir(d.parent)
 
-    def _retain(self, *, newest_durable: int) -> tuple[list[int], list[str]]:
+    def apply_retention(self, *, newest_durable: int) -> tuple[list[int], list[str]]:
+        """Delete what the retention policy no longer keeps.
+
+        Only steps older than ``newest_durable`` (a save that is already on stable storage)
+        are candidates, so a newer checkpoint is always durable before an older one goes.
+        A deletion that fails is reported, not raised: the checkpoints are intact either way
+        and the next call tries again.
+
+        Returns:
+            ``(deleted steps, one message per failed deletion)``.
+        """
         if self.retention is None:
             return [], []
         deleted, errors = [], []
@@ -415,25 +425,9 @@ class CheckpointStore:
             try:
                 self._discard(self.step_path(step))
                 deleted.append(step)
-            except OSError as e:  # the save is durable; a failed cleanup must not undo that
+            except OSError as e:
                 errors.append(f"step {step}: {e}")
         return deleted, errors
-
-    def apply_retention(self, *, newest_durable: int) -> list[int]:
-        """Delete what the retention policy no longer keeps; returns the deleted steps.
-
-        Only steps older than ``newest_durable`` (a save that is already on stable storage)
-        are candidates, so a newer checkpoint is always durable before an older one goes.
-
-        Raises:
-            OSError: a deletion failed (steps deleted before it stay deleted).
-        """
-        if self.retention is None:
-            return []
-        doomed = steps_to_delete(self.steps(), self.retention, newest_durable=newest_durable)
-        for step in doomed:
-            self._discard(self.step_path(step))
-        return doomed
 
     def _move_to_trash(self, path: Path) -> Path:
         trash = self.root / f"{fmt.TRASH_PREFIX}{path.name}-{uuid.uuid4().hex[:12]}"

@@ -231,12 +231,11 @@ def _restore_or_init(
             "trainer consumes one batch per step, so the checkpoint is not one of its own"
         )
     state = tree.from_host(template, loaded.arrays)
-    try:
-        # A run killed between a save and its retention left extra steps; trim them now that
-        # the restored step is known to be intact (it is the newest, so it is kept).
-        store.apply_retention(newest_durable=loaded.step)
-    except OSError as e:
-        log(f"recover: could not delete an old checkpoint ({e}); will retry after a save")
+    # A run killed between a save and its retention left extra steps; trim them now that the
+    # restored step is known to be intact (it is the newest, so it is kept).
+    _, errors = store.apply_retention(newest_durable=loaded.step)
+    for error in errors:
+        log(f"recover: could not delete an old checkpoint ({error}); will retry later")
     events.emit(
         "restored",
         step=loaded.step,

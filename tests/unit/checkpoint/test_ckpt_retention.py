@@ -128,7 +128,7 @@ def test_store_without_retention_keeps_everything(
     for s in range(5):
         assert _save(store, s, arrays_for, run_config).deleted_steps == ()
     assert store.steps() == [0, 1, 2, 3, 4]
-    assert store.apply_retention(newest_durable=4) == []
+    assert store.apply_retention(newest_durable=4) == ([], [])
 
 
 class _FailOnCall:
@@ -250,7 +250,7 @@ def test_failed_retention_delete_leaves_the_new_step_committed(
     assert kept.restore_latest(run_config=run_config).loaded.step == 3
     assert not [p for p in kept.root.iterdir() if p.name.startswith(fmt.TRASH_PREFIX)]
     # Retried by the next save (or by hand).
-    assert kept.apply_retention(newest_durable=3) == [1]
+    assert kept.apply_retention(newest_durable=3) == ([1], [])
     assert kept.steps() == [2, 3]
     later = _save(kept, 4, arrays_for, run_config)
     assert (later.deleted_steps, later.retention_errors) == ((2,), ())
