@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 run_demo=1
 [[ "${1:-}" == "--no-demo" ]] && run_demo=0
 
+export PATH="$PATH:/usr/sbin:/sbin"  # slurmctld, slurmd, munged live there
 as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
 need_apt=()

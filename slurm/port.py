@@ -2,7 +2,7 @@
 
 ``SlurmControl`` is named for its use: read node and job state, take nodes out of service with
 a reason that marks the change as ours, put them back (only when the mark is ours), requeue,
-submit and cancel jobs. :class:`slurm.cli.CliSlurm` implements it with Slurm's command line
+submit and cancel jobs. :class:`slurm.cli_slurm.CliSlurm` implements it with Slurm's command line
 tools; a pyslurm backend can implement the same protocol later without touching callers.
 """
 
