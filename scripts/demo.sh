@@ -63,6 +63,7 @@ echo "job $job submitted"
 until grep -q '"event": "checkpoint", [^}]*"step": 10,' "$demo/slurm-run/events.jsonl" 2>/dev/null; do sleep 0.2; done
 node=$(squeue -h -j "$job" -o %N)
 echo "== 7. job $job reached step 10 on $node: take $node down as the coordinator will on XID 79"
+t_down=$(date +%s.%N)
 scontrol update nodename="$node" state=down reason="recover: demo xid79"
 sinfo -N -o "%N %T %E"
 echo "waiting for Slurm to requeue the job and for it to finish elsewhere..."
@@ -71,6 +72,18 @@ until [[ "$(squeue -h -j "$job" -o %T 2>/dev/null)" == "" ]] || \
 grep -E '"event": "(started|restored|completed)"' "$demo/slurm-run/events.jsonl" \
   | sed 's/"run_config": {[^}]*}, //' | cut -c1-160
 got=$(grep '"completed"' "$demo/slurm-run/events.jsonl" | tail -1 | sed 's/.*"state_digest": "\([0-9a-f]*\)".*/\1/')
+.venv/bin/python - "$demo/slurm-run/events.jsonl" "$t_down" <<'PY'
+import json, sys
+events = [json.loads(line) for line in open(sys.argv[1])]
+t_down = float(sys.argv[2])
+before = [e for e in events if e["event"] == "step" and e["ts"] <= t_down]
+restored = next(e for e in events if e["event"] == "restored")
+first_step = next(e for e in events if e["event"] == "step" and e["ts"] > restored["ts"])
+lost = max(e["step"] for e in before) - restored["step"]
+print(f"node down -> restored on {restored['node']}: {restored['ts'] - t_down:.1f} s "
+      f"(Slurm requeue + start + restore); -> training again: {first_step['ts'] - t_down:.1f} s; "
+      f"steps recomputed: {lost}")
+PY
 echo "control final digest:   $want"
 echo "under Slurm, node lost: $got"
 if [[ "$want" == "$got" ]]; then
