@@ -10,6 +10,15 @@ rm -rf "$demo"
 mkdir -p "$demo"
 cache="$demo/compile-cache"
 
+# final_digest RUN_DIR: the state digest of the run's last `completed` event
+final_digest() {
+  grep '"completed"' "$1/events.jsonl" | tail -1 | sed 's/.*"state_digest": "\([0-9a-f]*\)".*/\1/'
+}
+# same_or_fail WANT GOT SUCCESS-MESSAGE
+same_or_fail() {
+  if [[ "$1" == "$2" ]]; then echo "OK: $3"; else echo "MISMATCH: $1 != $2" >&2; exit 1; fi
+}
+
 echo "== 1. uninterrupted control run: 30 steps"
 $recover train --run-dir "$demo/control" --steps 30 --save-every 5 --model mlp-small \
   --compile-cache "$cache"
@@ -33,16 +42,12 @@ echo "== 4. resume: falls back to the newest checkpoint that verifies"
 $recover train --run-dir "$demo/run" --steps 30 --save-every 5 --model mlp-small \
   --resume --compile-cache "$cache"
 
-want=$(grep '"completed"' "$demo/control/events.jsonl" | tail -1 | sed 's/.*"state_digest": "\([0-9a-f]*\)".*/\1/')
-got=$(grep '"completed"' "$demo/run/events.jsonl" | tail -1 | sed 's/.*"state_digest": "\([0-9a-f]*\)".*/\1/')
+want=$(final_digest "$demo/control")
+got=$(final_digest "$demo/run")
 grep -E '"event": "(fallback|restored)"' "$demo/run/events.jsonl" | cut -c1-200
 echo "control final digest: $want"
 echo "resumed final digest: $got"
-if [[ "$want" == "$got" ]]; then
-  echo "OK: the interrupted, damaged run ended bit-for-bit equal to the uninterrupted one"
-else
-  echo "MISMATCH" >&2; exit 1
-fi
+same_or_fail "$want" "$got" "the interrupted, damaged run ended bit-for-bit equal to the uninterrupted one"
 
 # --- Act 2: the same story under a real local Slurm cluster -----------------------------------
 if [[ $(id -u) -ne 0 ]]; then
@@ -71,7 +76,7 @@ until [[ "$(squeue -h -j "$job" -o %T 2>/dev/null)" == "" ]] || \
       grep -q '"event": "completed"' "$demo/slurm-run/events.jsonl" 2>/dev/null; do sleep 1; done
 grep -E '"event": "(started|restored|completed)"' "$demo/slurm-run/events.jsonl" \
   | sed 's/"run_config": {[^}]*}, //' | cut -c1-160
-got=$(grep '"completed"' "$demo/slurm-run/events.jsonl" | tail -1 | sed 's/.*"state_digest": "\([0-9a-f]*\)".*/\1/')
+got=$(final_digest "$demo/slurm-run")
 .venv/bin/python - "$demo/slurm-run/events.jsonl" "$t_down" <<'PY'
 import json, sys
 events = [json.loads(line) for line in open(sys.argv[1])]
@@ -86,8 +91,4 @@ print(f"node down -> restored on {restored['node']}: {restored['ts'] - t_down:.1
 PY
 echo "control final digest:   $want"
 echo "under Slurm, node lost: $got"
-if [[ "$want" == "$got" ]]; then
-  echo "OK: requeued onto another node, resumed from its newest intact checkpoint, bit-for-bit equal"
-else
-  echo "MISMATCH" >&2; exit 1
-fi
+same_or_fail "$want" "$got" "requeued onto another node, resumed from its newest intact checkpoint, bit-for-bit equal"

@@ -255,6 +255,7 @@ def test_replacing_a_step_keeps_the_old_one_until_the_new_one_is_durable(
     store.save(3, arrays_for(1), run_config=run_config)
     tracer = _trace(monkeypatch)
     _trace_exchange(monkeypatch, tracer, supported=False)
+    deletions = _track_deletions(monkeypatch, tracer)
 
     store.save(3, arrays_for(3), run_config=run_config)
 
@@ -270,27 +271,12 @@ def test_replacing_a_step_keeps_the_old_one_until_the_new_one_is_durable(
     assert trash is not None
     assert trash.parent == root
     assert trash.name.startswith(".trash-step_00000003-")
-    tracer.index("fsync", root, after=i_rename)
+    i_root_fsync = tracer.index("fsync", root, after=i_rename)
+    ((deleted, at),) = deletions
+    assert deleted == trash
+    assert at > i_root_fsync, f"old step deleted before the new one was durable:\n{tracer}"
     assert not trash.exists(), "the replaced step is deleted once the new one is durable"
     assert sorted(p.name for p in root.iterdir()) == ["step_00000003"]
-
-
-def test_replaced_step_is_deleted_only_after_the_new_one_is_durable(
-    root: Path, arrays_for: ArraysFor, run_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = CheckpointStore(root)
-    store.save(3, arrays_for(1), run_config=run_config)
-    tracer = _trace(monkeypatch)
-    _trace_exchange(monkeypatch, tracer, supported=False)
-    deletions = _track_deletions(monkeypatch, tracer)
-
-    store.save(3, arrays_for(3), run_config=run_config)
-
-    i_rename, _ = _commit_rename(tracer, store.step_path(3))
-    i_root_fsync = tracer.index("fsync", root, after=i_rename)
-    ((trash, at),) = deletions
-    assert trash.name.startswith(".trash-step_00000003-")
-    assert at > i_root_fsync, f"old step deleted before the new one was durable:\n{tracer}"
 
 
 def test_first_save_makes_the_new_root_durable(
