@@ -111,11 +111,11 @@ class CheckpointStore:
     Args:
         root: the checkpoint root (created on the first save).
         clock: wall clock in seconds, for manifest timestamps and ages.
-        workers: threads that write/read leaves in parallel. Most of a save is spent in
-            ``fsync``, which blocks without using a CPU; many fsyncs in flight at once keep
-            the disk's queue full and let the filesystem commit them in one journal
-            transaction, so this is well above the core count (see
-            ``benchmarks/README.md`` for the measurements behind 16).
+        workers: threads that write or read data files in parallel; a save makes at most
+            this many files. Most of a save is spent in ``fsync``, which blocks without
+            using a CPU; many fsyncs in flight keep the disk's queue full and let the file
+            system commit them in one journal transaction, so this is well above the core
+            count (``benchmarks/README.md`` has the measurements behind 16).
         retention: what to keep after each durable save; None keeps everything.
     """
 
