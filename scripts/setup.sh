@@ -13,9 +13,15 @@ run_demo=1
 export PATH="$PATH:/usr/sbin:/sbin"  # slurmctld, slurmd, munged live there
 as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "setup: Python >= 3.11 is needed as python3 (Debian 12 ships 3.11)" >&2
+  exit 1
+fi
 need_apt=()
 command -v slurmctld >/dev/null || need_apt+=(slurm-wlm)
 command -v munged >/dev/null || need_apt+=(munge)
+# Debian's own python3 creates venvs only with python3-venv installed.
+python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]})); then
   echo "== installing Debian packages: ${need_apt[*]}"
   as_root apt-get update -q
