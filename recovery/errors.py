@@ -154,3 +154,24 @@ class ClusterError(RecoverError):
     """The local Slurm cluster could not be started, inspected or stopped."""
 
     exit_code = 6
+
+
+# --- coordinator -----------------------------------------------------------------------------
+
+
+class JournalError(RecoverError):
+    """The incident journal could not be read or written (disk full, corrupt, newer schema)."""
+
+    exit_code = 7
+
+
+class CoordinatorUnavailableError(TransientError):
+    """The coordinator did not answer (not running, wrong URL); the message says how to start it."""
+
+    exit_code = 8
+
+
+class AuthError(RecoverError):
+    """A request to the coordinator was refused: no token, a wrong one, or not allowed."""
+
+    exit_code = 9

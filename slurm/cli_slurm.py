@@ -1,4 +1,4 @@
-"""``CliSlurm``: the :class:`slurm.port.SlurmControl` port over Slurm's command line tools.
+"""``CliSlurm``: the :class:`recovery.ports.slurm.SlurmControl` port over Slurm's CLI tools.
 
 Every command runs as an argv list (never through a shell) with ``SLURM_CONF`` in its
 environment. Works with every Slurm version the project meets (22.05 and newer); see
@@ -23,8 +23,7 @@ from recovery.errors import (
     UsageError,
     unknown_choice,
 )
-from slurm.parse import parse_jobs, parse_nodes, reply_errors
-from slurm.port import (
+from recovery.ports.slurm import (
     BatchJob,
     JobInfo,
     NodeInfo,
@@ -32,6 +31,7 @@ from slurm.port import (
     validate_job_id,
     validate_node_name,
 )
+from slurm.parse import parse_jobs, parse_nodes, reply_errors
 
 INSTALL_HINT = "install them with `apt-get install -y slurm-wlm munge` (or `./scripts/setup.sh`)"
 
@@ -214,6 +214,65 @@ class CliSlurm:
         if not info.reason_is_ours and not force:
             raise ReasonNotOursError(node, info.reason, info.reason_set_by)
         self.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        return True
+
+    def down_many(self, nodes: Sequence[str], reason: str) -> list[str]:
+        """:meth:`down` for several nodes with one ``scontrol update NodeName=a,b,...``; returns
+        the nodes that changed, sorted."""
+        return self._take_out_many(nodes, "DOWN", reason)
+
+    def drain_many(self, nodes: Sequence[str], reason: str) -> list[str]:
+        """:meth:`drain` for several nodes with one ``scontrol update``; returns those changed."""
+        return self._take_out_many(nodes, "DRAIN", reason)
+
+    def _take_out_many(self, nodes: Sequence[str], state: str, reason: str) -> list[str]:
+        text = mark(reason)
+        for n in nodes:
+            validate_node_name(n)
+        known = {n.name: n for n in self.nodes()}
+        unknown = [n for n in nodes if n not in known]
+        if unknown:
+            raise unknown_choice("node", unknown[0], known)
+        todo: dict[str, list[str]] = {}  # reason to write -> nodes
+        for name in sorted(set(nodes)):
+            info = known[name]
+            held = info.down if state == "DOWN" else info.drained
+            if info.reason and not info.reason_is_ours and (info.down or info.drained):
+                if info.down or state == "DRAIN":
+                    continue
+                todo.setdefault(info.reason, []).append(name)
+            elif not (held and info.reason == text):
+                todo.setdefault(text, []).append(name)
+        for why, names in todo.items():
+            self.run(
+                [
+                    "scontrol",
+                    "update",
+                    f"NodeName={','.join(names)}",
+                    f"State={state}",
+                    f"Reason={why}",
+                ]
+            )
+        return sorted(n for names in todo.values() for n in names)
+
+    def signal_job(self, job_id: str | int, signal: str) -> bool:
+        """Send ``signal`` to the job's batch step only (``scancel --signal=SIG --batch``).
+        False (no-op) when the job is not running."""
+        jid = validate_job_id(job_id)
+        if not re.fullmatch(r"[A-Z0-9]{2,8}", signal):
+            raise UsageError(f"Invalid signal {signal!r}: expected a name such as USR1 or TERM")
+        try:
+            info = self.job(jid)
+        except UsageError:
+            return False
+        if info.state != "RUNNING":
+            return False
+        try:
+            self.run(["scancel", f"--signal={signal}", "--batch", jid])
+        except SlurmRefusedError as e:
+            if _JOB_GONE.search(str(e)):
+                return False
+            raise
         return True
 
     def requeue(self, job_id: str | int) -> bool:

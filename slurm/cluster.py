@@ -21,6 +21,7 @@ from recovery.errors import (
     UsageError,
     unknown_choice,
 )
+from recovery.ports.slurm import NodeInfo
 from slurm import munge, procs
 from slurm.cli_slurm import CliSlurm
 from slurm.clusterinfo import (
@@ -34,7 +35,6 @@ from slurm.clusterinfo import (
     resolve_conf,
 )
 from slurm.conf import ClusterLayout, render_slurm_conf
-from slurm.port import NodeInfo
 
 __all__ = [
     "REQUIRED_PROGRAMS",

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from recovery.errors import SlurmNotInstalledError, UsageError
+from recovery.ports.slurm import NodeInfo
 from slurm.cli_slurm import INSTALL_HINT
-from slurm.port import NodeInfo
 
 REQUIRED_PROGRAMS = ("slurmctld", "slurmd", "munged", "sinfo", "squeue", "scontrol", "sbatch")
 STATE_FILE = "cluster.json"

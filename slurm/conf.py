@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm.port import OWNER_PREFIX
+from recovery.ports.slurm import OWNER_PREFIX
 
 #: Reason carried by nodes held in the spare pool.
 SPARE_REASON = f"{OWNER_PREFIX} spare"

@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from recovery.errors import SlurmError
-from slurm.port import NODE_BASE_STATES, JobInfo, NodeInfo
+from recovery.ports.slurm import NODE_BASE_STATES, JobInfo, NodeInfo
 
 _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
 

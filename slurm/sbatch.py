@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from recovery.errors import UsageError
-from slurm.port import BatchJob, SlurmControl
+from recovery.ports.slurm import BatchJob, SlurmControl
 
 #: Exit status of a training process that saved and stopped on a signal (EX_TEMPFAIL).
 PREEMPTED_STATUS = 75

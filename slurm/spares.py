@@ -8,8 +8,8 @@ answering is visibly unhealthy and never promoted.
 from __future__ import annotations
 
 from recovery.errors import NoSpareError, ReasonNotOursError
+from recovery.ports.slurm import NodeInfo, SlurmControl
 from slurm.conf import SPARE_REASON
-from slurm.port import NodeInfo, SlurmControl
 
 
 def is_spare(node: NodeInfo, reason: str = SPARE_REASON) -> bool:

@@ -12,9 +12,9 @@ from recovery.errors import (
     SlurmUnavailableError,
     UsageError,
 )
+from recovery.ports.slurm import BatchJob, JobInfo
+from recovery.retry import Backoff, retry
 from slurm.cli_slurm import CliSlurm
-from slurm.port import BatchJob, JobInfo
-from slurm.retry import Backoff, retry
 from tests.slurm.conftest import wait_for
 
 pytestmark = pytest.mark.slurm

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from recovery.errors import SlurmRefusedError, SlurmUnavailableError, UsageError
+from recovery.ports.slurm import JobInfo, NodeInfo, mark, ours, validate_job_id, validate_node_name
 from slurm.cli_slurm import classify_failure, classify_reply_errors
-from slurm.port import JobInfo, NodeInfo, mark, ours, validate_job_id, validate_node_name
 
 
 @pytest.mark.parametrize("name", ["node1", "spare1", "gpu-a100.rack3_n07", "n"])

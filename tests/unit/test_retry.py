@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from recovery.errors import SlurmRefusedError, SlurmUnavailableError, TransientError, UsageError
-from slurm.retry import Backoff, retry
+from recovery.retry import Backoff, retry
 
 
 class Flaky:

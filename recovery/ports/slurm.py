@@ -210,6 +210,21 @@ class SlurmControl(Protocol):
         raises ReasonNotOursError. Returns False when it was already in service."""
         ...
 
+    def down_many(self, nodes: Sequence[str], reason: str) -> list[str]:
+        """Set every node in ``nodes`` DOWN with ``reason`` in one Slurm call (a hostlist), with
+        the same per-node rules as :meth:`down`. Returns the nodes that changed, sorted."""
+        ...
+
+    def drain_many(self, nodes: Sequence[str], reason: str) -> list[str]:
+        """:meth:`drain` for several nodes in one Slurm call; returns the nodes that changed."""
+        ...
+
+    def signal_job(self, job_id: str | int, signal: str) -> bool:
+        """Send ``signal`` (e.g. ``USR1``) to the job's batch step only (``scancel
+        --signal=SIG --batch``), which the sbatch wrapper forwards to training. False (no-op)
+        when the job is not running."""
+        ...
+
     def requeue(self, job_id: str | int) -> bool:
         """Requeue a job. Returns False when it is already pending (no-op)."""
         ...
