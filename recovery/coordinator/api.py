@@ -1,0 +1,46 @@
+"""What the HTTP service asks of the coordinator. The service (``recovery.service``) owns
+transport, authentication and the durable intake; the coordinator owns decisions and actions.
+
+Every method is safe to call from the server's threads; none blocks on Slurm except where the
+docstring says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from recovery.model import HealthEvent
+
+
+class CoordinatorApi(Protocol):
+    """The coordinator as the service sees it. JSON-ready dicts out."""
+
+    def submit(self, events: Sequence[HealthEvent]) -> None:
+        """Hand events that were just committed to the journal (new ids only) to the engine.
+        Returns at once; decisions follow asynchronously."""
+        ...
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """One entry per node: name, Slurm state and flags, reason, whether the reason is ours
+        or who holds it, spare or not, open incident id, last heartbeat age."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """Nodes, open incidents, spares, breaker, dry-run flag, versions."""
+        ...
+
+    def repaired(self, node: str) -> dict[str, Any]:
+        """An operator says ``node`` is repaired: return it to the spare pool if we took it out
+        and it is not flapping. Raises UsageError for an unknown node (naming the known ones)
+        or one we did not take out."""
+        ...
+
+    def breaker(self) -> dict[str, Any]:
+        """Breaker state: window, limits, nodes taken out in the window, held actions."""
+        ...
+
+    def breaker_reset(self) -> dict[str, Any]:
+        """Release the held actions that are young enough and expire the rest; returns what
+        was released and what expired."""
+        ...
