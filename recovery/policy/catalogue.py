@@ -33,7 +33,7 @@ XID_RE = re.compile(r"^xid(0|[1-9][0-9]{0,5})$")
 _E = TypeVar("_E", bound=StrEnum)
 
 _REQUIRED = ("title", "severity", "verdict", "says")
-_OPTIONAL = ("can_save", "companions", "follows")
+_OPTIONAL = ("can_save", "companions", "with_companion", "follows")
 
 
 class Severity(StrEnum):
@@ -50,7 +50,8 @@ class FaultSpec:
 
     ``says`` is one line of what NVIDIA (or the operators' runbook) says to do. ``can_save``
     is False when the jobs cannot checkpoint on the way out (the GPU or node is gone).
-    ``companions`` are faults that join this one's incident within the correlation window;
+    ``companions`` are faults that join this one's incident within the correlation window, and
+    ``with_companion`` the verdict when one was seen within it (None: ``verdict``);
     ``follows`` marks a fault that is only ever a consequence of another one.
     """
 
@@ -61,6 +62,7 @@ class FaultSpec:
     says: str
     can_save: bool = True
     companions: frozenset[str] = frozenset()
+    with_companion: Verdict | None = None
     follows: bool = False
 
 
@@ -156,6 +158,11 @@ def _entry(code: str, raw: Any, where: str) -> FaultSpec:
         says=one_line(data["says"], f"{where}: field 'says'"),
         can_save=boolean(data.get("can_save", True), f"{where}: field 'can_save'"),
         companions=frozenset(companions),
+        with_companion=(
+            None
+            if data.get("with_companion") is None
+            else _choice(Verdict, data["with_companion"], f"{where}: field 'with_companion'")
+        ),
         follows=boolean(data.get("follows", False), f"{where}: field 'follows'"),
     )
 

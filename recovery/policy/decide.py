@@ -3,7 +3,9 @@
 Pure: no clock, no I/O. The order of the rules, each explained in the decision's ``why``:
 
 1. heartbeats, nodes Slurm does not know and unknown fault names are ignored (with a note);
-2. the verdict is the catalogue's, then XID 154's driver action, then the policy file's override;
+2. the verdict is the catalogue's, then XID 154's driver action, then the policy file's override,
+   raised to the catalogue's ``with_companion`` when a companion was seen within the
+   correlation window;
 3. an event on a node with an active incident joins it: a repeat within the flood window, a
    follower (XID 45), a companion within the correlation window (XID 48 with 63/64), or any
    fault while the node is out. A joining event plans only what its worse verdict adds;
@@ -129,6 +131,7 @@ def decide(
         return ctx.decision(Verdict.ignore, f"{note}; recorded only", notes=(note,))
     verdict, why = _verdict(spec, event, config)
     ns = state.node(event.node)
+    verdict, why = _paired(spec, verdict, why, ns, config, now)
     active = _active(ns, config, now)
     if active is not None:
         joined = _join(ctx, spec, verdict, why, active, ns)
@@ -153,6 +156,21 @@ def _verdict(spec: FaultSpec, event: HealthEvent, config: PolicyConfig) -> tuple
     if override is not None and override is not verdict:
         verdict = override
         why += f"; the policy file sets {spec.code} to {verdict}"
+    return verdict, why
+
+
+def _paired(
+    spec: FaultSpec, verdict: Verdict, why: str, ns: NodeState, config: PolicyConfig, now: float
+) -> tuple[Verdict, str]:
+    """Raise the verdict to ``with_companion`` when a companion fault was seen on the node
+    within the correlation window (XID 48 with 63 or 64: drain and reset)."""
+    if spec.with_companion is None or spec.with_companion.rank <= verdict.rank:
+        return verdict, why
+    for other in sorted(spec.companions):
+        seen = ns.seen.get(other)
+        if seen is not None and now - seen <= config.correlation_window_s:
+            why += f"; with {other} {now - seen:g} s before: {spec.with_companion}"
+            return spec.with_companion, why
     return verdict, why
 
 
