@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TypeVar
 
-from recovery.model import Decision, HealthEvent, Source, Verdict
+from recovery.model import Decision, HealthEvent, PromoteSpare, Source, Verdict
 from recovery.ports.slurm import OWNER_PREFIX, NodeInfo
 
 #: Reason carried by nodes held in the spare pool (the same text as ``slurm.conf``'s).
@@ -214,5 +214,8 @@ def advance(state: PolicyState, event: HealthEvent, decision: Decision, now: flo
     taken = state.taken_out
     if inc.takes_out and not inc.held and not ns.out:
         ns = replace(ns, out=True)
-        taken = frozen_map({**taken, event.node: now})
+        # Only a take-out that asks for a spare in its place removes capacity from service;
+        # a spare pulled from the pool does not, so the breaker does not count it.
+        if any(isinstance(a, PromoteSpare) for a in decision.actions):
+            taken = frozen_map({**taken, event.node: now})
     return replace(state.with_node(event.node, ns), taken_out=taken)
