@@ -134,7 +134,7 @@ def decide(
     verdict, why = _paired(spec, verdict, why, ns, config, now)
     active = _active(ns, config, now)
     if active is not None:
-        joined = _join(ctx, spec, verdict, why, active, ns)
+        joined = _join(ctx, spec, verdict, why, active)
         if joined is not None:
             return joined
     if spec.follows:
@@ -203,9 +203,7 @@ def _join_reason(ctx: _Ctx, spec: FaultSpec, inc: Incident) -> str | None:
     return None
 
 
-def _join(
-    ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str, inc: Incident, ns: NodeState
-) -> Decision | None:
+def _join(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str, inc: Incident) -> Decision | None:
     reason = _join_reason(ctx, spec, inc)
     if reason is None:
         return None
