@@ -38,6 +38,7 @@ from recovery.policy.state import (
     PolicyState,
     advance,
     incident_id,
+    rebuild,
 )
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "load_catalogue",
     "load_policy_config",
     "on_repaired",
+    "rebuild",
     "replay",
     "split_held",
     "topology_group",

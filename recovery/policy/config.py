@@ -19,6 +19,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -110,6 +111,11 @@ class PolicyConfig:
 
     def fingerprint(self) -> str:
         """8 hex digits that change whenever any setting changes (recorded in decisions)."""
+        return self._fingerprint
+
+    @cached_property
+    def _fingerprint(self) -> str:
+        # Computed once per (immutable) config: decide records it on every decision.
         text = json.dumps(_plain(self), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:8]
 

@@ -9,7 +9,7 @@ timeline of event receipt (the ``now`` passed to :func:`recovery.policy.decide`)
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TypeVar
@@ -219,3 +219,14 @@ def advance(state: PolicyState, event: HealthEvent, decision: Decision, now: flo
         if any(isinstance(a, PromoteSpare) for a in decision.actions):
             taken = frozen_map({**taken, event.node: now})
     return replace(state.with_node(event.node, ns), taken_out=taken)
+
+
+def rebuild(history: Iterable[tuple[HealthEvent, float, Decision]]) -> PolicyState:
+    """The state after the recorded ``(event, received_at, decision)`` triples, in order
+    (receipt times in Unix seconds). Repairs and breaker resets are not events: a caller
+    that has them applies :func:`recovery.policy.advance_repaired` and
+    :func:`recovery.policy.breaker_reset` at their places in the sequence."""
+    state = PolicyState.empty()
+    for event, at, decision in history:
+        state = advance(state, event, decision, at)
+    return state

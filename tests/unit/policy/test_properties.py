@@ -21,6 +21,7 @@ from recovery.policy import (
     breaker_status,
     decide,
     load_catalogue,
+    rebuild,
     replay,
 )
 from recovery.policy.breaker import partition_limit
@@ -125,3 +126,4 @@ def test_folding_is_deterministic_and_replays_clean(
         now += gap
         recorded.append((ev, now, d))
     assert replay(recorded, VIEW, config, CATALOGUE) == []  # type: ignore[arg-type]
+    assert rebuild(recorded) == state1  # type: ignore[arg-type]
