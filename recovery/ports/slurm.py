@@ -91,6 +91,8 @@ class NodeInfo:
     reason_set_by: str = ""
     cpus: int = 0
     partitions: tuple[str, ...] = ()
+    features: frozenset[str] = frozenset()
+    """Slurm node features (``Features=``), e.g. a rack or NVLink domain name."""
 
     @property
     def down(self) -> bool:

@@ -1,0 +1,292 @@
+"""``decide``: one health event, the policy's memory and the cluster view in, a Decision out.
+
+Pure: no clock, no I/O. The order of the rules, each explained in the decision's ``why``:
+
+1. heartbeats, nodes Slurm does not know and unknown fault names are ignored (with a note);
+2. the verdict is the catalogue's, then XID 154's driver action, then the policy file's override,
+   raised to the catalogue's ``with_companion`` when a companion was seen within the
+   correlation window;
+3. an event on a node with an active incident joins it: a repeat within the flood window, a
+   follower (XID 45), a companion within the correlation window (XID 48 with 63/64), or any
+   fault while the node is out. A joining event plans only what its worse verdict adds;
+4. otherwise a follower alone and an ignore verdict are ignored;
+5. otherwise a new incident opens; a failure within the escalation window of the last one
+   escalates its verdict one step, and a flapping node is replaced;
+6. take-outs beyond the breaker's limits are held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recovery.errors import unknown_choice
+from recovery.model import (
+    Action,
+    Decision,
+    Drain,
+    DriverAction,
+    HealthEvent,
+    PromoteSpare,
+    RequeueJobs,
+    SaveThenRequeue,
+    Source,
+    TakeDown,
+    Verdict,
+)
+from recovery.policy.breaker import hold_reason
+from recovery.policy.catalogue import Catalogue, FaultSpec
+from recovery.policy.config import PolicyConfig
+from recovery.policy.state import (
+    ClusterView,
+    Incident,
+    NodeState,
+    PolicyState,
+    incident_id,
+    takes_out,
+)
+
+#: What XID 154's driver action means as a verdict.
+DRIVER_VERDICTS: dict[DriverAction, Verdict] = {
+    DriverAction.none: Verdict.ignore,
+    DriverAction.drain_p2p: Verdict.drain_reset,
+    DriverAction.drain_and_reset: Verdict.drain_reset,
+    DriverAction.gpu_reset: Verdict.drain_reset,
+    DriverAction.node_reboot: Verdict.replace_node,
+}
+
+_STEP_UP = {
+    Verdict.ignore: Verdict.ignore,
+    Verdict.restart_app: Verdict.drain_reset,
+    Verdict.drain_reset: Verdict.replace_node,
+    Verdict.replace_node: Verdict.replace_node,
+}
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """What every rule needs, gathered once."""
+
+    event: HealthEvent
+    view: ClusterView
+    config: PolicyConfig
+    state: PolicyState
+    now: float
+    version: str
+
+    def decision(
+        self,
+        verdict: Verdict,
+        why: str,
+        *,
+        incident: str | None = None,
+        opens: bool = False,
+        actions: tuple[Action, ...] = (),
+        held: bool = False,
+        escalated_from: Verdict | None = None,
+        notes: tuple[str, ...] = (),
+    ) -> Decision:
+        extra = []
+        if self.event.count > 1:
+            extra.append(f"this event stands for {self.event.count} identical observations")
+        if self.config.dry_run and actions:
+            extra.append("dry run: the actions are recorded, not applied")
+        return Decision(
+            event_id=self.event.id,
+            node=self.event.node,
+            fault=self.event.fault,
+            verdict=verdict,
+            actions=actions,
+            incident=incident,
+            opens=opens,
+            held=held,
+            why=why,
+            escalated_from=escalated_from,
+            policy_version=self.version,
+            notes=(*notes, *extra),
+        )
+
+
+def decide(
+    state: PolicyState,
+    event: HealthEvent,
+    view: ClusterView,
+    config: PolicyConfig,
+    catalogue: Catalogue,
+    now: float,
+) -> Decision:
+    """Decide what ``event``, received at ``now`` (Unix seconds), means for its node.
+
+    Never raises for a valid HealthEvent: what the policy cannot act on is ignored with a note.
+    Fold the result into the state with :func:`recovery.policy.advance`.
+    """
+    ctx = _Ctx(event, view, config, state, now, f"{catalogue.version}+{config.fingerprint()}")
+    if event.source is Source.heartbeat:
+        return ctx.decision(Verdict.ignore, "heartbeats show liveness; they open no incident")
+    if not view.has(event.node):
+        note = f"node {event.node} is not in the cluster view"
+        return ctx.decision(Verdict.ignore, f"{note}; nothing to act on", notes=(note,))
+    spec = catalogue.lookup(event.fault)
+    if spec is None:
+        note = str(unknown_choice("fault", event.fault, catalogue.known()))
+        return ctx.decision(Verdict.ignore, f"{note}; recorded only", notes=(note,))
+    verdict, why = _verdict(spec, event, config)
+    ns = state.node(event.node)
+    verdict, why = _paired(spec, verdict, why, ns, config, now)
+    active = _active(ns, config, now)
+    if active is not None:
+        joined = _join(ctx, spec, verdict, why, active)
+        if joined is not None:
+            return joined
+    if spec.follows:
+        return ctx.decision(
+            Verdict.ignore, f"{why}; alone (no open incident on the node) it is ignored"
+        )
+    if verdict is Verdict.ignore:
+        return ctx.decision(Verdict.ignore, why)
+    return _open(ctx, spec, verdict, why, ns)
+
+
+def _verdict(spec: FaultSpec, event: HealthEvent, config: PolicyConfig) -> tuple[Verdict, str]:
+    verdict = spec.verdict
+    why = f"{spec.code} ({spec.title}): {spec.says}; catalogue verdict {verdict}"
+    if spec.code == "xid154" and event.driver_action is not None:
+        verdict = DRIVER_VERDICTS[event.driver_action]
+        why += f"; the driver asks for {event.driver_action}, so {verdict}"
+    override = config.verdicts.get(spec.code)
+    if override is not None and override is not verdict:
+        verdict = override
+        why += f"; the policy file sets {spec.code} to {verdict}"
+    return verdict, why
+
+
+def _paired(
+    spec: FaultSpec, verdict: Verdict, why: str, ns: NodeState, config: PolicyConfig, now: float
+) -> tuple[Verdict, str]:
+    """Raise the verdict to ``with_companion`` when a companion fault was seen on the node
+    within the correlation window (XID 48 with 63 or 64: drain and reset)."""
+    if spec.with_companion is None or spec.with_companion.rank <= verdict.rank:
+        return verdict, why
+    for other in sorted(spec.companions):
+        seen = ns.seen.get(other)
+        if seen is not None and now - seen <= config.correlation_window_s:
+            why += f"; with {other} {now - seen:g} s before: {spec.with_companion}"
+            return spec.with_companion, why
+    return verdict, why
+
+
+def _active(ns: NodeState, config: PolicyConfig, now: float) -> Incident | None:
+    """The node's incident if events may still join it: a take-out stays active until the
+    node is repaired; anything else while its faults keep coming."""
+    inc = ns.incident
+    if inc is None:
+        return None
+    if inc.takes_out:
+        return inc
+    quiet = max(config.flood_window_s, config.correlation_window_s)
+    return inc if now - inc.last_at <= quiet else None
+
+
+def _join_reason(ctx: _Ctx, spec: FaultSpec, inc: Incident) -> str | None:
+    last = inc.faults.get(spec.code)
+    if last is not None and ctx.now - last <= ctx.config.flood_window_s:
+        return f"a repeat within the flood window ({ctx.config.flood_window_s:g} s)"
+    if spec.follows:
+        return "it follows its companion"
+    for other in sorted(spec.companions & inc.faults.keys()):
+        if ctx.now - inc.faults[other] <= ctx.config.correlation_window_s:
+            return (
+                f"a companion of {other} within the correlation window "
+                f"({ctx.config.correlation_window_s:g} s)"
+            )
+    if inc.takes_out:
+        return "the node is already out for it"
+    return None
+
+
+def _join(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str, inc: Incident) -> Decision | None:
+    reason = _join_reason(ctx, spec, inc)
+    if reason is None:
+        return None
+    why = f"{why}; joins incident {inc.id} ({inc.fault}, {inc.verdict}): {reason}"
+    upgrade = not spec.follows and verdict.rank > inc.verdict.rank
+    if not upgrade:
+        return ctx.decision(inc.verdict, why, incident=inc.id)
+    actions = _plan(ctx, spec, verdict, inc.id, escalated=False)
+    if takes_out(inc.verdict):
+        # The first take-out already asked for a spare (and for the jobs to leave).
+        actions = tuple(a for a in actions if not isinstance(a, PromoteSpare | SaveThenRequeue))
+    why += f"; {verdict} is worse than {inc.verdict}, so it adds its actions"
+    held, why = _breaker(ctx, verdict, why, inc)
+    return ctx.decision(verdict, why, incident=inc.id, actions=actions, held=held)
+
+
+def _open(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str, ns: NodeState) -> Decision:
+    base = verdict
+    notes: list[str] = []
+    last = ns.failures[-1] if ns.failures else None
+    if last is not None and ctx.now - last.at <= ctx.config.escalation_window_s:
+        stepped = max(verdict, _STEP_UP[last.verdict], key=lambda v: v.rank)
+        if stepped is not verdict:
+            why += (
+                f"; the node failed {ctx.now - last.at:g} s ago ({last.verdict}), within the "
+                f"escalation window ({ctx.config.escalation_window_s:g} s): escalated to {stepped}"
+            )
+            verdict = stepped
+    flap = ctx.config.flapping
+    failures = ns.failures_since(ctx.now - flap.window_s) + 1
+    if failures >= flap.threshold:
+        notes.append(f"flapping: {failures} failures in {flap.window_s:g} s")
+        if verdict is not Verdict.replace_node:
+            verdict = Verdict.replace_node
+            why += f"; the node is flapping ({failures} failures in {flap.window_s:g} s): replace"
+    inc = incident_id(ctx.event.id)
+    escalated = verdict is not base
+    actions = _plan(ctx, spec, verdict, inc, escalated=escalated)
+    held, why = _breaker(ctx, verdict, why, None)
+    return ctx.decision(
+        verdict,
+        why,
+        incident=inc,
+        opens=True,
+        actions=actions,
+        held=held,
+        escalated_from=base if escalated else None,
+        notes=tuple(notes),
+    )
+
+
+def _breaker(ctx: _Ctx, verdict: Verdict, why: str, inc: Incident | None) -> tuple[bool, str]:
+    if not takes_out(verdict) or ctx.view.is_spare(ctx.event.node):
+        return False, why
+    if inc is not None and inc.held:
+        return True, f"{why}; held with the rest of incident {inc.id}"
+    reason = hold_reason(ctx.state, ctx.event.node, ctx.view, ctx.config, ctx.now)
+    if reason is None:
+        return False, why
+    return True, f"{why}; held: {reason}"
+
+
+def _plan(
+    ctx: _Ctx, spec: FaultSpec, verdict: Verdict, inc: str, *, escalated: bool
+) -> tuple[Action, ...]:
+    """The actions for ``verdict`` on the event's node."""
+    node = ctx.event.node
+    reason = f"{spec.code} {spec.title}{', escalated' if escalated else ''} (incident {inc})"
+    actions: tuple[Action, ...]
+    if verdict is Verdict.replace_node or (verdict is Verdict.drain_reset and not spec.can_save):
+        # The GPU (or node) is gone: the jobs cannot save, so straight down.
+        actions = (TakeDown(node, reason), PromoteSpare(node))
+    elif verdict is Verdict.drain_reset:
+        actions = (
+            Drain(node, reason),
+            SaveThenRequeue(node, timeout_s=ctx.config.save_timeout_s),
+            PromoteSpare(node),
+        )
+    elif verdict is Verdict.restart_app:
+        actions = (RequeueJobs(node),)
+    else:
+        actions = ()
+    if ctx.view.is_spare(node):
+        # A spare runs no jobs and replaces nobody: only keep it out of the pool.
+        actions = tuple(a for a in actions if isinstance(a, TakeDown | Drain))
+    return actions

@@ -1,0 +1,158 @@
+"""The packaged catalogue: every fault NVIDIA's table and REFERENCE.md name, its verdict and the
+actions decide plans for it on a healthy node; and the loader's errors on malformed files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recovery.errors import UsageError
+from recovery.model import Drain, PromoteSpare, RequeueJobs, SaveThenRequeue, TakeDown, Verdict
+from recovery.policy import Catalogue, PolicyFileError, Severity, load_catalogue
+
+from .helpers import Run
+
+IG, R, D, X = Verdict.ignore, Verdict.restart_app, Verdict.drain_reset, Verdict.replace_node
+
+# The expected table, written out independently of catalogue.yaml (NVIDIA's immediate actions).
+EXPECTED: dict[str, Verdict] = {
+    "xid13": R, "xid31": R, "xid32": R, "xid43": IG, "xid45": IG, "xid48": D, "xid62": D,
+    "xid63": IG, "xid64": D, "xid68": R, "xid69": R, "xid74": D, "xid79": X, "xid92": IG,
+    "xid94": R, "xid95": D, "xid109": D, "xid119": D, "xid120": D, "xid121": IG, "xid140": D,
+    "xid143": D, "xid144": IG, "xid145": IG, "xid146": IG, "xid147": IG, "xid148": IG, "xid149": IG,
+    "xid150": IG, "xid154": IG, "gpu-lost": X, "ecc-uncorrected": D, "row-remap-failure": X,
+    "tpu-runtime-error": R, "tpu-runtime-gone": R, "node-unreachable": X, "heartbeat-lost": IG,
+}  # fmt: skip
+
+# Action kinds per fault class on a healthy node, in order.
+PLANS = {
+    IG: [],
+    R: [RequeueJobs],
+    D: [Drain, SaveThenRequeue, PromoteSpare],
+    X: [TakeDown, PromoteSpare],
+}
+NO_SAVE = {"xid79", "gpu-lost", "node-unreachable"}
+
+
+def test_catalogue_lists_exactly_the_expected_faults(catalogue: Catalogue) -> None:
+    assert sorted(catalogue.known()) == sorted(EXPECTED)
+    assert catalogue.version == "2026.12.1"
+
+
+@pytest.mark.parametrize(("fault", "verdict"), sorted(EXPECTED.items()))
+def test_every_entry_has_its_verdict_and_plan(
+    fault: str, verdict: Verdict, catalogue: Catalogue, run: Run
+) -> None:
+    spec = catalogue.spec(fault)
+    assert spec.verdict is verdict
+    assert spec.severity in set(Severity)
+    assert spec.says
+    assert "\n" not in spec.says
+    assert spec.can_save is (fault not in NO_SAVE)
+    d = run.send(fault)
+    assert d.verdict is verdict
+    assert [type(a) for a in d.actions] == PLANS[verdict]
+    assert all(a.node == "n1" for a in d.actions)
+    assert d.opens is (verdict is not IG)
+    assert d.policy_version.startswith(catalogue.version)
+    for a in d.actions:
+        if isinstance(a, TakeDown | Drain):
+            assert a.reason.startswith(fault + " ")
+            assert '"' not in a.reason
+            assert f"(incident {d.incident})" in a.reason
+
+
+def test_save_timeout_comes_from_the_settings(run: Run) -> None:
+    d = run.send("xid95")
+    save = next(a for a in d.actions if isinstance(a, SaveThenRequeue))
+    assert save.timeout_s == run.config.save_timeout_s == 60.0
+
+
+def test_dcgm_failure_classes_are_critical(catalogue: Catalogue) -> None:
+    for fault in ("xid48", "xid74", "xid79", "xid95", "xid119", "xid120", "xid140"):
+        assert catalogue.spec(fault).severity is Severity.critical, fault
+    assert catalogue.spec("xid94").severity is Severity.warning
+
+
+def test_unlisted_xid_gets_the_default_entry_under_its_own_code(catalogue: Catalogue) -> None:
+    spec = catalogue.spec("xid14")
+    assert spec.code == "xid14"
+    assert spec.verdict is Verdict.ignore
+    assert spec.title == catalogue.default_xid.title
+    assert "xid14" not in catalogue.known()
+
+
+def test_unknown_named_fault_lists_the_known_ones(catalogue: Catalogue) -> None:
+    with pytest.raises(UsageError, match=r"Unknown fault 'gpu-melted'\. Known: .*xid79"):
+        catalogue.spec("gpu-melted")
+    assert catalogue.lookup("gpu-melted") is None
+
+
+def test_known_orders_xids_by_number_then_names(catalogue: Catalogue) -> None:
+    known = catalogue.known()
+    assert known[:3] == ["xid13", "xid31", "xid32"]
+    assert known.index("xid95") < known.index("xid109")
+    assert known[-1] == "tpu-runtime-gone"
+
+
+GOOD_ENTRY = {"title": "T", "severity": "info", "verdict": "ignore", "says": "s"}
+
+
+def _write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "catalogue.yaml"
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def _cat(**faults: object) -> dict[str, object]:
+    return {"version": "t1", "default_xid": GOOD_ENTRY, "faults": faults}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("version: [1\n", "not valid YAML"),
+        ("- a\n", "expected a mapping"),
+        ({"default_xid": GOOD_ENTRY, "faults": {}}, "missing key 'version'"),
+        ({**_cat(), "extra": 1}, "unknown key 'extra'. Valid keys: default_xid, faults, version"),
+        (_cat(xid1={**GOOD_ENTRY, "verdict": "reboot"}),
+         "fault 'xid1': field 'verdict': Unknown verdict 'reboot'. Known: drain-reset, ignore"),
+        (_cat(xid1={**GOOD_ENTRY, "severity": "fatal"}),
+         "fault 'xid1': field 'severity': Unknown severity 'fatal'"),
+        (_cat(xid1={k: v for k, v in GOOD_ENTRY.items() if k != "says"}),
+         "fault 'xid1': missing field 'says'"),
+        (_cat(xid1={**GOOD_ENTRY, "colour": "red"}), "fault 'xid1': unknown key 'colour'"),
+        (_cat(xid1={**GOOD_ENTRY, "title": 'say "hi"'}),
+         "fault 'xid1': field 'title': must be one line without double quotes"),
+        (_cat(xid1={**GOOD_ENTRY, "can_save": "no"}),
+         "fault 'xid1': field 'can_save': expected true or false"),
+        (_cat(xid1={**GOOD_ENTRY, "companions": ["xid2"]}),
+         "fault 'xid1': field 'companions': Unknown fault 'xid2'. Known: xid1"),
+        (_cat(XID1=GOOD_ENTRY), "fault 'XID1': codes are lower-case"),
+        ({**_cat(), "default_xid": "ignore"}, "default_xid: expected a mapping"),
+    ],
+)  # fmt: skip
+def test_malformed_catalogue_names_entry_and_field(
+    tmp_path: Path, data: object, message: str
+) -> None:
+    path = _write(tmp_path, data)
+    with pytest.raises(PolicyFileError) as info:
+        load_catalogue(path)
+    assert message in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_missing_catalogue_file_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="cannot be read"):
+        load_catalogue(tmp_path / "nope.yaml")
+
+
+def test_a_custom_catalogue_loads(tmp_path: Path) -> None:
+    cat = load_catalogue(
+        _write(tmp_path, _cat(xid1=GOOD_ENTRY, xid2={**GOOD_ENTRY, "companions": ["xid1"]}))
+    )
+    assert cat.version == "t1"
+    assert cat.known() == ["xid1", "xid2"]
+    assert cat.spec("xid2").companions == {"xid1"}
