@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from recovery.checkpoint import CheckpointStore
+from recovery.train.preempt import EXIT_PREEMPTED
 from tests.train.conftest import (
     completed_digest,
     events,
@@ -18,8 +19,6 @@ from tests.train.conftest import (
     train_cmd,
     wait_for,
 )
-
-EXIT_PREEMPTED = 75
 
 
 @pytest.fixture(scope="module")
