@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from recovery import fsutil
-from recovery.checkpoint import CheckpointStore, commit
+from recovery.checkpoint import CheckpointStore
+from recovery.checkpoint import commit as commit_mod
 from recovery.checkpoint import files as files_mod
 
 RUN_CONFIG: dict[str, Any] = {"model": "tiny", "lr": 3e-4, "batch": 32, "seed": 0}
@@ -49,7 +50,7 @@ def _assert_same_arrays(got: dict[str, np.ndarray], want: dict[str, np.ndarray])
 
 #: The modules whose ``os`` a save's system calls go through: data files (``files``), the
 #: manifest and directory fsyncs (``fsutil``), the renames (``commit``).
-PROTOCOL_MODULES = (files_mod, fsutil, commit)
+PROTOCOL_MODULES = (files_mod, fsutil, commit_mod)
 
 
 def patch_os(mp: pytest.MonkeyPatch, fake: Any) -> None:

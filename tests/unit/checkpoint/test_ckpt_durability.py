@@ -10,6 +10,7 @@ step directory gets its name, and the name is on stable storage before anything 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,6 @@ import numpy as np
 import pytest
 
 from recovery.checkpoint import CheckpointStore, RetentionPolicy
-from recovery.checkpoint import commit as commit_mod
 from recovery.checkpoint import files as files_mod
 from recovery.checkpoint import format as fmt
 from tests.unit.checkpoint.conftest import patch_os
@@ -148,13 +148,13 @@ def test_retention_deletes_only_after_the_new_step_is_durable(
 def _track_deletions(monkeypatch: pytest.MonkeyPatch, tracer: TracingOs) -> list[tuple[Path, int]]:
     """Record each ``shutil.rmtree`` of the store with the trace position it happened at."""
     deletions: list[tuple[Path, int]] = []
-    real_rmtree = commit_mod.shutil.rmtree
+    real_rmtree = shutil.rmtree
 
     def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
         deletions.append((Path(path), len(tracer.trace)))
         real_rmtree(path, *args, **kwargs)
 
-    monkeypatch.setattr(commit_mod.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)  # the module the store deletes with
     return deletions
 
 

@@ -179,9 +179,14 @@ def _split(mp: pytest.MonkeyPatch, n: int) -> None:
     mp.setattr(files_mod, "plan_files", lambda sizes, **_: real(sizes, max_files=n, target=1))
 
 
+def _third_of_three_data_files(mp: pytest.MonkeyPatch) -> None:
+    _split(mp, 3)
+    _break(mp, files_mod, "write_packed", 3)
+
+
 FAILURES: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "first-data-file-write": lambda mp: _break(mp, files_mod, "write_packed", 1),
-    "third-of-3-data-files": lambda mp: (_split(mp, 3), _break(mp, files_mod, "write_packed", 3)),
+    "third-of-3-data-files": _third_of_three_data_files,
     "torn-data-write": lambda mp: _break_os(mp, "write", 2),
     "data-fsync": lambda mp: _break_os(mp, "fsync", 1),
     "manifest-write": lambda mp: _break(mp, fsutil, "write_new", 1),
