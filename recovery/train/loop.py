@@ -22,8 +22,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from recovery.checkpoint import CheckpointStore, RetentionPolicy, RunLock
-from recovery.checkpoint.store import Loaded
+from recovery.checkpoint import CheckpointStore, Loaded, RetentionPolicy, RunLock
 from recovery.errors import (
     CheckpointError,
     CheckpointExistsError,

@@ -7,8 +7,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from recovery.checkpoint import AsyncCheckpointer, CheckpointStore
-from recovery.checkpoint.store import SaveResult
+from recovery.checkpoint import AsyncCheckpointer, CheckpointStore, SaveResult
 from recovery.events import EventLog
 
 Log = Callable[[str], None]
