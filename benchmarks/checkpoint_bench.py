@@ -36,8 +36,8 @@ import numpy as np
 
 from recovery.checkpoint import tree
 from recovery.checkpoint.asyncsave import AsyncCheckpointer
-from recovery.checkpoint.files import fsync_dir
 from recovery.checkpoint.store import CheckpointStore
+from recovery.fsutil import fsync_dir
 
 RUN_CONFIG = {"benchmark": "checkpoint_bench"}
 MIB = 1024 * 1024

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from recovery import fsutil
 from recovery.errors import (
     ClusterError,
     RecoverError,
@@ -101,11 +102,9 @@ class LocalCluster:
         )
 
     def _record(self, info: ClusterInfo) -> None:
-        # Write then rename, so `down` never reads half a file after a crash during `up`.
-        path = self.state_dir / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info.to_json(), indent=2) + "\n")
-        tmp.replace(path)
+        # Atomic and durable, so `down` never reads half a file after a crash during `up`.
+        data = (json.dumps(info.to_json(), indent=2) + "\n").encode()
+        fsutil.atomic_write(self.state_dir / STATE_FILE, data)
 
     # --- up -----------------------------------------------------------------------------
 

@@ -22,9 +22,8 @@ from pathlib import Path
 
 from recovery.errors import UsageError
 from recovery.ports.slurm import BatchJob, SlurmControl
+from recovery.train.preempt import EXIT_PREEMPTED as PREEMPTED_STATUS  # defined by the trainer
 
-#: Exit status of a training process that saved and stopped on a signal (EX_TEMPFAIL).
-PREEMPTED_STATUS = 75
 DEFAULT_SIGNAL_LEAD_S = 60
 
 _SCRIPT = """\

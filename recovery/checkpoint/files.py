@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from recovery import fsutil
 from recovery.checkpoint import format as fmt
 
 ALIGN = 64
@@ -80,15 +81,6 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return buf[start : start + nbytes]
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
@@ -138,12 +130,6 @@ def plan_files(
     return [sorted(b) for b in bins if b]
 
 
-def _write_all(fd: int, data: memoryview | bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def write_packed(path: Path, parts: Sequence[memoryview]) -> tuple[list[tuple[int, str]], int]:
     """Write ``parts`` into a new file, each at an aligned offset, then fsync it.
 
@@ -161,29 +147,19 @@ def write_packed(path: Path, parts: Sequence[memoryview]) -> tuple[list[tuple[in
         for data in parts:
             pad = -pos % ALIGN
             if pad:
-                _write_all(fd, _ZEROS[:pad])
+                fsutil.write_all(fd, _ZEROS[:pad])
                 pos += pad
             hasher = fmt.new_hasher()
             for start in range(0, len(data), WRITE_CHUNK):
                 chunk = data[start : start + WRITE_CHUNK]
                 hasher.update(chunk)
-                _write_all(fd, chunk)
+                fsutil.write_all(fd, chunk)
             placed.append((pos, str(hasher.hexdigest())))
             pos += len(data)
         os.fsync(fd)
     finally:
         os.close(fd)
     return placed, pos
-
-
-def write_small(path: Path, data: bytes) -> None:
-    """Write a small new file (the manifest) and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_packed(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated
@@ -51,7 +52,7 @@ def ls(
     """List checkpoints, newest first: intact / incomplete / corrupt with the reason."""
     statuses = CheckpointStore(_root(directory)).scan(deep=not quick)
     if as_json:
-        typer.echo(json.dumps([s.__dict__ for s in statuses], indent=2))
+        typer.echo(json.dumps([dataclasses.asdict(s) for s in statuses], indent=2))
         return
     if not statuses:
         typer.echo(f"no checkpoints in {_root(directory)}")

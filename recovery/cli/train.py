@@ -66,7 +66,8 @@ def train(
     if cpu_devices is not None:
         _force_cpu_devices(cpu_devices)
 
-    from recovery.train.loop import EXIT_PREEMPTED, ResumeMode, TrainOptions, run_training
+    from recovery.train.loop import ResumeMode, TrainOptions, run_training
+    from recovery.train.preempt import EXIT_PREEMPTED
 
     mode = ResumeMode.required if resume else ResumeMode.auto if auto_resume else ResumeMode.never
     outcome = run_training(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from recovery.checkpoint import CheckpointStore
+from recovery.train.preempt import EXIT_PREEMPTED
 from tests.train.conftest import (
     completed_digest,
     events,
@@ -18,8 +20,6 @@ from tests.train.conftest import (
     train_cmd,
     wait_for,
 )
-
-EXIT_PREEMPTED = 75
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +81,11 @@ def test_sharded_over_four_cpu_devices_resume_is_bit_exact(tmp_path: Path, cache
     assert {e["device_count"] for e in started} == {4}
 
 
+def _event_or_exit(run: Path, after: int, event: str, proc: subprocess.Popen[bytes]) -> bool:
+    """Whether ``run`` logged ``event`` after its first ``after`` events, or ``proc`` ended."""
+    return any(e["event"] == event for e in events(run)[after:]) or proc.poll() is not None
+
+
 def _kill_loop(tmp_path: Path, cache: Path, kills: int, seed: int) -> None:
     """SIGKILL a run with a save every step at random moments, resume, repeat; then finish.
 
@@ -106,9 +111,7 @@ def _kill_loop(tmp_path: Path, cache: Path, kills: int, seed: int) -> None:
         )
         try:
             wait_for(
-                lambda n=n_before, t=target, p=proc: (
-                    any(e["event"] == t for e in events(run)[n:]) or p.poll() is not None
-                ),
+                functools.partial(_event_or_exit, run, n_before, target, proc),
                 what=f"a {target} event of run {i}",
             )
             time.sleep(rng.uniform(0.0, 0.05))

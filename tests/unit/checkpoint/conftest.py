@@ -1,4 +1,4 @@
-"""Shared fixtures for the checkpoint tests: a store on a real temporary directory."""
+"""Shared fixtures and helpers for the checkpoint tests: a store on a real temporary directory."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from recovery import fsutil
 from recovery.checkpoint import CheckpointStore
+from recovery.checkpoint import commit as commit_mod
 from recovery.checkpoint import files as files_mod
 
 RUN_CONFIG: dict[str, Any] = {"model": "tiny", "lr": 3e-4, "batch": 32, "seed": 0}
@@ -44,6 +46,18 @@ def _assert_same_arrays(got: dict[str, np.ndarray], want: dict[str, np.ndarray])
         assert g.dtype == w_native.dtype, name
         assert g.shape == w_native.shape, name
         assert g.tobytes() == w_native.tobytes(), name
+
+
+#: The modules whose ``os`` a save's system calls go through: data files (``files``), the
+#: manifest and directory fsyncs (``fsutil``), the renames (``commit``).
+PROTOCOL_MODULES = (files_mod, fsutil, commit_mod)
+
+
+def patch_os(mp: pytest.MonkeyPatch, fake: Any) -> None:
+    """Put ``fake`` in place of ``os`` in every module of the save protocol, so one stand-in
+    sees (and counts) every system call of a save in the order they happen."""
+    for module in PROTOCOL_MODULES:
+        mp.setattr(module, "os", fake)
 
 
 ArraysFor = Callable[[int], dict[str, np.ndarray]]

@@ -2,9 +2,9 @@
 
 Two complementary checks:
 
-* in-process: a stand-in for ``os`` (in ``files``, which writes and fsyncs, and in ``store``,
-  which renames) aborts the save at its n-th system call, for every n, so every crash point of
-  one save (with retention, or replacing a step) is visited deterministically;
+* in-process: a stand-in for ``os`` (in every module of the save protocol: ``files``,
+  ``fsutil`` and ``commit``) aborts the save at its n-th system call, for every n, so every
+  crash point of one save (with retention, or replacing a step) is visited deterministically;
 * real processes: a child saves in a loop and is SIGKILLed at seeded random moments.
 """
 
@@ -26,9 +26,8 @@ import numpy as np
 import pytest
 
 from recovery.checkpoint import CheckpointStore, RetentionPolicy, RunLock
-from recovery.checkpoint import files as files_mod
 from recovery.checkpoint import format as fmt
-from recovery.checkpoint import store as store_mod
+from tests.unit.checkpoint.conftest import patch_os
 
 AssertSame = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None]
 ArraysFor = Callable[[int], dict[str, np.ndarray]]
@@ -89,11 +88,6 @@ def _copy_of(template: Path, root: Path) -> CheckpointStore:
     return CheckpointStore(root, workers=1, retention=RetentionPolicy(keep_last=2))
 
 
-def _patch_os(monkeypatch: pytest.MonkeyPatch, fake: CrashingOs) -> None:
-    monkeypatch.setattr(store_mod, "os", fake)
-    monkeypatch.setattr(files_mod, "os", fake)
-
-
 @pytest.mark.parametrize("files", [1, 3])
 def test_every_crash_point_of_a_save_leaves_a_restorable_run(
     tmp_path: Path,
@@ -110,7 +104,7 @@ def test_every_crash_point_of_a_save_leaves_a_restorable_run(
     counter = CrashingOs(at=None)
     store = _copy_of(template, tmp_path / "count")
     with monkeypatch.context() as mp:
-        _patch_os(mp, counter)
+        patch_os(mp, counter)
         store.save(4, arrays_for(4), run_config=run_config)
     total = counter.calls
     assert len(store.load(4).manifest.files) == files
@@ -120,7 +114,7 @@ def test_every_crash_point_of_a_save_leaves_a_restorable_run(
     for at in range(total):
         store = _copy_of(template, tmp_path / f"crash{at}")
         with monkeypatch.context() as mp:
-            _patch_os(mp, CrashingOs(at))
+            patch_os(mp, CrashingOs(at))
             with pytest.raises(Crash):
                 store.save(4, arrays_for(4), run_config=run_config)
 
@@ -151,7 +145,7 @@ def test_every_crash_point_of_replacing_a_step_keeps_that_step(
     template = _setup(tmp_path / "template", arrays_for, run_config).root
     counter = CrashingOs(at=None)
     with monkeypatch.context() as mp:
-        _patch_os(mp, counter)
+        patch_os(mp, counter)
         _copy_of(template, tmp_path / "count").save(3, arrays_for(30), run_config=run_config)
     assert counter.calls > 10
 
@@ -159,7 +153,7 @@ def test_every_crash_point_of_replacing_a_step_keeps_that_step(
     for at in range(counter.calls):
         store = _copy_of(template, tmp_path / f"crash{at}")
         with monkeypatch.context() as mp:
-            _patch_os(mp, CrashingOs(at))
+            patch_os(mp, CrashingOs(at))
             with pytest.raises(Crash):
                 store.save(3, arrays_for(30), run_config=run_config)
 

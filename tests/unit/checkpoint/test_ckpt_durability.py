@@ -1,7 +1,7 @@
 """The save protocol's order of operations, recorded through a stand-in for ``os``.
 
-The stand-in replaces ``os`` both in ``files`` (open/write/fsync of data files, the manifest
-and directories) and in ``store`` (the renames).
+The stand-in replaces ``os`` in every module of the save protocol: ``files`` (data files),
+``fsutil`` (the manifest and directory fsyncs) and ``commit`` (the renames).
 
 The order is what makes a save survive power loss: every byte is on stable storage before the
 step directory gets its name, and the name is on stable storage before anything older goes.
@@ -10,7 +10,7 @@ step directory gets its name, and the name is on stable storage before anything 
 from __future__ import annotations
 
 import os
-import threading
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,65 +21,16 @@ import pytest
 from recovery.checkpoint import CheckpointStore, RetentionPolicy
 from recovery.checkpoint import files as files_mod
 from recovery.checkpoint import format as fmt
-from recovery.checkpoint import store as store_mod
+from tests.unit.checkpoint.conftest import patch_os
+from tests.unit.conftest import TracingOs
 
 ArraysFor = Callable[[int], dict[str, np.ndarray]]
 SplitInto = Callable[[int], None]
-Op = tuple[str, Path, Path | None]
-
-
-class TracingOs:
-    """Forwards to ``os``, recording open/fsync/rename with the paths involved.
-
-    fsync gets a file descriptor; the path comes from the open that returned it. The mapping
-    is dropped *before* the real close, so a descriptor number reused by another thread is
-    never attributed to the old path.
-    """
-
-    def __init__(self) -> None:
-        self.trace: list[Op] = []
-        self._paths: dict[int, Path] = {}
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
-
-    def open(self, path: Any, flags: int, mode: int = 0o777, **kwargs: Any) -> int:
-        fd = os.open(path, flags, mode, **kwargs)
-        with self._lock:
-            self._paths[fd] = Path(path)
-            self.trace.append(("open", Path(path), None))
-        return fd
-
-    def close(self, fd: int) -> None:
-        with self._lock:
-            self._paths.pop(fd, None)
-        os.close(fd)
-
-    def fsync(self, fd: int) -> None:
-        os.fsync(fd)
-        with self._lock:
-            self.trace.append(("fsync", self._paths[fd], None))
-
-    def rename(self, src: Any, dst: Any) -> None:
-        os.rename(src, dst)
-        with self._lock:
-            self.trace.append(("rename", Path(src), Path(dst)))
-
-    def index(self, op: str, path: Path, dst: Path | None = None, *, after: int = -1) -> int:
-        for i, entry in enumerate(self.trace):
-            if i > after and entry == (op, path, dst):
-                return i
-        raise AssertionError(f"no {op} {path} {dst or ''} after #{after} in trace:\n{self}")
-
-    def __str__(self) -> str:
-        return "\n".join(f"  #{i} {op} {a} {b or ''}" for i, (op, a, b) in enumerate(self.trace))
 
 
 def _trace(monkeypatch: pytest.MonkeyPatch) -> TracingOs:
     tracer = TracingOs()
-    monkeypatch.setattr(store_mod, "os", tracer)
-    monkeypatch.setattr(files_mod, "os", tracer)
+    patch_os(monkeypatch, tracer)
     return tracer
 
 
@@ -197,13 +148,13 @@ def test_retention_deletes_only_after_the_new_step_is_durable(
 def _track_deletions(monkeypatch: pytest.MonkeyPatch, tracer: TracingOs) -> list[tuple[Path, int]]:
     """Record each ``shutil.rmtree`` of the store with the trace position it happened at."""
     deletions: list[tuple[Path, int]] = []
-    real_rmtree = store_mod.shutil.rmtree
+    real_rmtree = shutil.rmtree
 
     def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
         deletions.append((Path(path), len(tracer.trace)))
         real_rmtree(path, *args, **kwargs)
 
-    monkeypatch.setattr(store_mod.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)  # the module the store deletes with
     return deletions
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from recovery import fsutil
 from recovery.checkpoint import CheckpointStore
-from recovery.checkpoint import files as files_mod
 
 Commit = Callable[[int], Path]
 
@@ -22,7 +22,7 @@ def _interrupted_save(store: CheckpointStore, step: int, run_config: dict[str, A
         raise OSError(28, "No space left on device")
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(files_mod, "write_small", failing)
+    mp.setattr(fsutil, "write_new", failing)
     try:
         with pytest.raises(OSError, match="No space left"):
             store.save(step, {"a": np.ones(1000), "b": np.zeros(10)}, run_config=run_config)

@@ -13,11 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from recovery import fsutil
 from recovery.checkpoint import CheckpointStore, RetentionPolicy, steps_to_delete
 from recovery.checkpoint import files as files_mod
 from recovery.checkpoint import format as fmt
-from recovery.checkpoint import store as store_mod
 from recovery.errors import UsageError
+from tests.unit.checkpoint.conftest import patch_os
 
 ArraysFor = Callable[[int], dict[str, np.ndarray]]
 AssertSame = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None]
@@ -148,8 +149,8 @@ class _FailOnCall:
 
 
 class _OsWithFailing:
-    """Stands in for the ``os`` module inside the store or ``files``; the n-th call of one
-    function fails."""
+    """Stands in for the ``os`` module of the save protocol; the n-th call of one function
+    fails."""
 
     def __init__(self, name: str, n: int) -> None:
         setattr(self, name, _FailOnCall(getattr(os, name), n))
@@ -163,13 +164,14 @@ class _Unconvertible:
         raise RuntimeError("device array was deleted")
 
 
-def _break(mp: pytest.MonkeyPatch, function: str, n: int) -> None:
-    """The n-th call of ``files.<function>`` (as the store looks it up) fails."""
-    mp.setattr(files_mod, function, _FailOnCall(getattr(files_mod, function), n))
+def _break(mp: pytest.MonkeyPatch, module: Any, function: str, n: int) -> None:
+    """The n-th call of ``module.<function>`` (as the store looks it up) fails."""
+    mp.setattr(module, function, _FailOnCall(getattr(module, function), n))
 
 
-def _break_os(mp: pytest.MonkeyPatch, module: Any, name: str, n: int) -> None:
-    mp.setattr(module, "os", _OsWithFailing(name, n))
+def _break_os(mp: pytest.MonkeyPatch, name: str, n: int) -> None:
+    """The n-th ``os.<name>`` call of the save protocol fails."""
+    patch_os(mp, _OsWithFailing(name, n))
 
 
 def _split(mp: pytest.MonkeyPatch, n: int) -> None:
@@ -177,14 +179,19 @@ def _split(mp: pytest.MonkeyPatch, n: int) -> None:
     mp.setattr(files_mod, "plan_files", lambda sizes, **_: real(sizes, max_files=n, target=1))
 
 
+def _third_of_three_data_files(mp: pytest.MonkeyPatch) -> None:
+    _split(mp, 3)
+    _break(mp, files_mod, "write_packed", 3)
+
+
 FAILURES: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
-    "first-data-file-write": lambda mp: _break(mp, "write_packed", 1),
-    "third-of-3-data-files": lambda mp: (_split(mp, 3), _break(mp, "write_packed", 3)),
-    "torn-data-write": lambda mp: _break_os(mp, files_mod, "write", 2),
-    "data-fsync": lambda mp: _break_os(mp, files_mod, "fsync", 1),
-    "manifest-write": lambda mp: _break(mp, "write_small", 1),
-    "tmp-dir-fsync": lambda mp: _break(mp, "fsync_dir", 1),
-    "commit-rename": lambda mp: _break_os(mp, store_mod, "rename", 1),
+    "first-data-file-write": lambda mp: _break(mp, files_mod, "write_packed", 1),
+    "third-of-3-data-files": _third_of_three_data_files,
+    "torn-data-write": lambda mp: _break_os(mp, "write", 2),
+    "data-fsync": lambda mp: _break_os(mp, "fsync", 1),
+    "manifest-write": lambda mp: _break(mp, fsutil, "write_new", 1),
+    "tmp-dir-fsync": lambda mp: _break(mp, fsutil, "fsync_dir", 1),
+    "commit-rename": lambda mp: _break_os(mp, "rename", 1),
 }
 
 
@@ -237,7 +244,7 @@ def test_failed_retention_delete_leaves_the_new_step_committed(
     for s in (1, 2):
         _save(kept, s, arrays_for, run_config)
     # Rename 1 commits step 3; rename 2 would move step 1 to the trash.
-    monkeypatch.setattr(store_mod, "os", _OsWithFailing("rename", 2))
+    patch_os(monkeypatch, _OsWithFailing("rename", 2))
     result = _save(kept, 3, arrays_for, run_config)  # the save itself succeeded: no raise
     monkeypatch.undo()
 
@@ -263,7 +270,7 @@ def test_a_failed_deletion_does_not_stop_the_others(
     for s in (1, 2, 3):
         _save(store, s, arrays_for, run_config)
     store.retention = RetentionPolicy(keep_last=1)
-    monkeypatch.setattr(store_mod, "os", _OsWithFailing("rename", 2))  # step 1 to the trash
+    patch_os(monkeypatch, _OsWithFailing("rename", 2))  # step 1 to the trash
 
     result = _save(store, 4, arrays_for, run_config)
 

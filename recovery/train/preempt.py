@@ -1,0 +1,39 @@
+"""Preemption: the signals that ask a training process to save and stop, and its exit status.
+
+Kept free of JAX and of the checkpoint code so that the ``recover sbatch`` wrapper (which
+requeues a job that exits with :data:`EXIT_PREEMPTED`) can import the status cheaply.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+#: Exit status after a SIGTERM/SIGUSR1 that was handled by saving: EX_TEMPFAIL, "try again".
+EXIT_PREEMPTED = 75
+#: Slurm sends USR1 ahead of the time limit (``--signal``) and TERM on cancel or node loss.
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preemption:
+    """Remembers the first SIGTERM/SIGUSR1; the training loop checks it between steps."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signal is None:
+            self.signal = signum
+
+    @contextmanager
+    def installed(self) -> Iterator[Preemption]:
+        """Handle :data:`PREEMPT_SIGNALS` inside the block; the previous handlers come back
+        afterwards. Only the main thread may install signal handlers (``ValueError``)."""
+        previous = {s: signal.signal(s, self.handle) for s in PREEMPT_SIGNALS}
+        try:
+            yield self
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
