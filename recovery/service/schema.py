@@ -15,7 +15,9 @@ from __future__ import annotations
 
 _V1 = """
 CREATE TABLE events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,      -- arrival order, 1, 2, ...
+    -- Arrival order 1, 2, ... without gaps (no AUTOINCREMENT: that would burn a number on
+    -- each duplicate id; events are never deleted, so numbers are never reused).
+    seq INTEGER PRIMARY KEY,
     id TEXT NOT NULL UNIQUE,                    -- the agent's event id
     node TEXT NOT NULL,
     body TEXT NOT NULL,                         -- HealthEvent JSON

@@ -21,7 +21,7 @@ from recovery.service.journal import SqliteJournal
 from recovery.service.server import ServerThread
 
 NODES = ("n1", "n2", "n3")
-ADMIN_TOKEN = "admin-token-0123456789abcdef"
+ADMIN_TOKEN = "admin-token-0123456789abcdef"  # noqa: S105 (a test token)
 NODE_TOKENS = {n: f"{n}-token-0123456789abcdef" for n in NODES}
 
 
