@@ -67,11 +67,12 @@ class SqliteJournal:
             self._writer = self._connect()
         try:
             with self._errors("open"):
+                version = self._check_version()  # before anything that writes to the file
                 mode = self._writer.execute("PRAGMA journal_mode=WAL").fetchone()[0]
                 if mode != "wal":
                     raise JournalError(f"journal {self.path}: WAL mode refused (got {mode!r})")
                 self._writer.execute("PRAGMA synchronous=FULL")
-                self._migrate()
+                self._migrate(version)
             if not existed:
                 fsync_dir(self.path.parent)
         except BaseException:
@@ -94,7 +95,7 @@ class SqliteJournal:
         except sqlite3.Error as e:
             raise JournalError(f"journal {self.path}: cannot {what}: {e}") from e
 
-    def _migrate(self) -> None:
+    def _check_version(self) -> int:
         version = int(self._writer.execute("PRAGMA user_version").fetchone()[0])
         if version > SCHEMA_VERSION:
             raise JournalError(
@@ -102,6 +103,9 @@ class SqliteJournal:
                 f"{SCHEMA_VERSION}: it was written by a newer release. Upgrade this program; "
                 "the file was left untouched."
             )
+        return version
+
+    def _migrate(self, version: int) -> None:
         for v in range(version, SCHEMA_VERSION):
             # One script per step: the new tables and the new version commit together.
             self._writer.executescript(
