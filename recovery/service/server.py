@@ -3,10 +3,13 @@ SIGINT stop it cleanly), :class:`ServerThread` for tests and benchmarks, :func:`
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
 import time
-from types import TracebackType
+from collections.abc import Iterator
+from types import FrameType, TracebackType
 
 import uvicorn
 from fastapi import FastAPI
@@ -33,17 +36,41 @@ def config(app: FastAPI, host: str, port: int, log_level: str = "warning") -> uv
     )
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, except that SIGTERM/SIGINT only ask it to stop and :func:`serve`
+    then returns (uvicorn's own handlers re-raise the signal after shutdown, which ends the
+    process before the caller can close the journal). A second signal forces the exit."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
+
+
 def serve(
     app: FastAPI, host: str = DEFAULT_HOST, port: int = 8470, log_level: str = "info"
 ) -> None:
-    """Serve ``app`` on ``host:port`` until SIGTERM or SIGINT (must run in the main thread,
-    where uvicorn installs its handlers): new connections stop, requests in flight finish
-    (their events are committed and acknowledged), then the app's lifespan ends.
+    """Serve ``app`` on ``host:port`` until SIGTERM or SIGINT, then return (call it from the
+    main thread, where signal handlers can be installed): new connections stop, requests in
+    flight finish (their events are committed and acknowledged), the app's lifespan ends, and
+    the caller closes what it opened (the journal). A second signal skips the wait.
 
     Loopback by default: put a TLS-terminating proxy in front to listen anywhere else.
     Raises RecoverError when the address cannot be bound.
     """
-    server = uvicorn.Server(config(app, host, port, log_level))
+    server = _Server(config(app, host, port, log_level))
     try:
         server.run()
     except SystemExit as e:  # uvicorn exits the process when it cannot bind
