@@ -135,3 +135,16 @@ def running_api(root: Path, *, max_body_bytes: int = 1_000_000, **kwargs: Any) -
             yield Api(server.url, journal, coordinator, client)
     finally:
         journal.close()
+
+
+def crash_event(i: int) -> HealthEvent:
+    """Event number ``i`` of the crash tests: every field a function of ``i``."""
+    return HealthEvent(
+        id=f"crash-{i}",
+        node=f"n{i % 5}",
+        source="kmsg",
+        fault=f"xid{i % 160}",
+        observed_at=1_700_000_000.0 + i,
+        count=1 + i % 3,
+        message=f"NVRM: Xid (PCI:0000:3b:00): {i % 160}, pid={i}",
+    )
