@@ -20,15 +20,16 @@ DEFAULT_HOST = "127.0.0.1"
 
 
 def config(app: FastAPI, host: str, port: int, log_level: str = "warning") -> uvicorn.Config:
-    """uvicorn settings for this API: uvloop and httptools (the fastest parsers uvicorn has),
-    no access log (one line per event request would cost more than the request), lifespan on
+    """uvicorn settings for this API: uvloop and httptools when installed (``auto``; they come
+    with ``uvicorn[standard]`` and are the fastest loop and parser uvicorn has), no access log
+    (one line per event request would cost more than the request), lifespan on
     (the app stops its commit thread there)."""
     return uvicorn.Config(
         app,
         host=host,
         port=port,
-        loop="uvloop",
-        http="httptools",
+        loop="auto",
+        http="auto",
         lifespan="on",
         access_log=False,
         log_level=log_level,
