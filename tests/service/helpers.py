@@ -17,6 +17,7 @@ from recovery.model import Decision, HealthEvent, PromoteSpare, TakeDown, Verdic
 from recovery.ports.clock import FakeClock
 from recovery.service.app import create_app
 from recovery.service.auth import TokenTable
+from recovery.service.fastpath import ServiceApp
 from recovery.service.journal import SqliteJournal
 from recovery.service.server import ServerThread
 
@@ -108,6 +109,7 @@ class Api:
     """A real server on loopback over a real journal, and what it is wired to."""
 
     url: str
+    app: ServiceApp
     journal: SqliteJournal
     coordinator: FakeCoordinator
     client: httpx.Client
@@ -121,7 +123,7 @@ def running_api(root: Path, *, max_body_bytes: int = 1_000_000, **kwargs: Any) -
     """Journal in ``root``, app, uvicorn in a thread, an httpx client; all closed after."""
     journal = SqliteJournal(root / "journal.db", FakeClock())
     coordinator = FakeCoordinator()
-    app = create_app(
+    app: Any = create_app(
         journal=journal,
         tokens=tokens(),
         coordinator=coordinator,
@@ -132,7 +134,7 @@ def running_api(root: Path, *, max_body_bytes: int = 1_000_000, **kwargs: Any) -
     try:
         with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
             assert client.get("/healthz").status_code == 200
-            yield Api(server.url, journal, coordinator, client)
+            yield Api(server.url, app, journal, coordinator, client)
     finally:
         journal.close()
 

@@ -134,3 +134,21 @@ def test_concurrent_requests_all_land_once(api: Api) -> None:
     assert sorted(api.stored_ids()) == sorted(accepted)
     metrics = api.client.get("/metrics").text
     assert "recover_intake_commit_events_count" in metrics
+
+
+def test_the_router_path_answers_the_same(api: Api) -> None:
+    fast = api.app.intake
+    api.app.intake = None  # every event request now goes through FastAPI's router
+    try:
+        ok = api.client.post("/v1/events", json=event_json(1), headers=N1)
+        dup = api.client.post("/v1/events", json={"events": [event_json(1)]}, headers=N1)
+        anon = api.client.post("/v1/events", json=event_json(2))
+        bad = api.client.post("/v1/events", json=_bad_fault(), headers=N1)
+    finally:
+        api.app.intake = fast
+    assert (ok.status_code, ok.json()) == (200, {"accepted": ["ev-1"], "duplicates": []})
+    assert dup.json() == {"accepted": [], "duplicates": ["ev-1"]}
+    assert (anon.status_code, anon.headers["www-authenticate"]) == (401, "Bearer")
+    assert bad.status_code == 422
+    assert ["body", "fault"] in [e["loc"] for e in bad.json()["detail"]]
+    assert api.stored_ids() == ["ev-1"]
