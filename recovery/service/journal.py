@@ -11,7 +11,8 @@ busy-retry), while each reading thread gets its own read-only connection, create
 use: in WAL mode readers see the last committed state and never wait for the writer. Each
 read method runs in one read transaction, so what it returns is one consistent snapshot.
 
-Schema and migrations: :mod:`recovery.service.schema`.
+Schema and migrations: :mod:`recovery.service.schema`; checkpoints of the WAL run on a thread
+of their own (:mod:`recovery.service.walcheckpoint`).
 """
 
 from __future__ import annotations
@@ -26,25 +27,23 @@ from typing import Any
 
 from recovery.checkpoint.files import fsync_dir
 from recovery.errors import JournalError
-from recovery.model import Decision, HealthEvent, Verdict
+from recovery.model import Decision, HealthEvent
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import (
     ActionRecord,
     ActionStatus,
     IncidentRecord,
-    IncidentStatus,
     Phase,
     StoredEvent,
 )
-from recovery.service import rows
+from recovery.service import plan, rows
 from recovery.service.schema import MIGRATIONS, SCHEMA_VERSION
+from recovery.service.walcheckpoint import WalCheckpointer
 
 #: Statuses after which an action gets its ``finished`` stamp.
 FINAL_STATUSES = frozenset(
     {ActionStatus.done, ActionStatus.failed, ActionStatus.expired, ActionStatus.skipped}
 )
-#: Ids per ``IN (...)`` query: SQLite allows 999 parameters in older builds.
-_CHUNK = 500
 #: How long a connection waits for a lock held by another process, in milliseconds.
 BUSY_TIMEOUT_MS = 10_000
 
@@ -57,7 +56,10 @@ class SqliteJournal:
     cannot be opened, read or written, is not a journal, or has a schema newer than this code.
     """
 
-    def __init__(self, path: Path, clock: Clock) -> None:
+    def __init__(self, path: Path, clock: Clock, *, checkpoint_every_s: float | None = 1.0) -> None:
+        """``checkpoint_every_s``: how often a background thread copies the WAL into the
+        database (:mod:`recovery.service.walcheckpoint`); None leaves it to SQLite, inside
+        commits."""
         self.path = Path(path)
         self._clock = clock
         self._lock = threading.Lock()
@@ -75,11 +77,18 @@ class SqliteJournal:
                     raise JournalError(f"journal {self.path}: WAL mode refused (got {mode!r})")
                 self._writer.execute("PRAGMA synchronous=FULL")
                 self._migrate(version)
+                if checkpoint_every_s is not None:
+                    self._writer.execute("PRAGMA wal_autocheckpoint=0")
             if not existed:
                 fsync_dir(self.path.parent)
         except BaseException:
             self._writer.close()
             raise
+        self._checkpointer = (
+            None
+            if checkpoint_every_s is None
+            else WalCheckpointer(self._connect, checkpoint_every_s)
+        )
 
     # --- connections and transactions ------------------------------------------------------
 
@@ -165,6 +174,8 @@ class SqliteJournal:
             if self._closed:
                 return
             self._closed = True
+            if self._checkpointer is not None:
+                self._checkpointer.stop()
             for conn in [*self._readers, self._writer]:
                 conn.close()
             self._readers.clear()
@@ -180,7 +191,7 @@ class SqliteJournal:
             # One lookup of the ids already stored, then one executemany of the rest: a
             # Python loop of single INSERTs costs several times more per event. The
             # transaction (BEGIN IMMEDIATE) keeps other writers out between the two.
-            seen = self._stored_ids(c, [e.id for e in events])
+            seen = plan.stored_ids(c, [e.id for e in events])
             new: list[bool] = []
             rows = []
             for e in events:
@@ -196,15 +207,6 @@ class SqliteJournal:
             )
         return new
 
-    @staticmethod
-    def _stored_ids(c: sqlite3.Connection, ids: Sequence[str]) -> set[str]:
-        found: set[str] = set()
-        for start in range(0, len(ids), _CHUNK):  # stay under SQLite's parameter limit
-            chunk = ids[start : start + _CHUNK]
-            sql = f"SELECT id FROM events WHERE id IN ({','.join('?' * len(chunk))})"  # noqa: S608
-            found.update(row[0] for row in c.execute(sql, chunk))
-        return found
-
     def undecided(self) -> list[StoredEvent]:
         """Events committed but not yet decided, in arrival order."""
         with self._read("read undecided events") as c:
@@ -217,8 +219,8 @@ class SqliteJournal:
         """The stored events among ``ids`` (unknown ids are left out), in arrival order."""
         found: list[StoredEvent] = []
         with self._read("read events") as c:
-            for start in range(0, len(ids), _CHUNK):
-                chunk = list(ids[start : start + _CHUNK])
+            for start in range(0, len(ids), plan.CHUNK):
+                chunk = list(ids[start : start + plan.CHUNK])
                 marks = ",".join("?" * len(chunk))
                 sql = f"SELECT {rows.EVENT_COLUMNS} FROM events WHERE id IN ({marks})"  # noqa: S608
                 found.extend(rows.stored_event(r) for r in c.execute(sql, chunk))
@@ -266,7 +268,7 @@ class SqliteJournal:
                     f"decision for event {decision.event_id!r} plans actions but names no incident"
                 )
             if decision.incident is not None:
-                self._open_or_join(c, decision, at)
+                plan.open_or_join(c, decision, at)
             c.execute(
                 "INSERT INTO decisions(event_id, incident, body, at_wall, at_mono) "
                 "VALUES (?, ?, ?, ?, ?)",
@@ -279,63 +281,7 @@ class SqliteJournal:
                 ),
             )
             c.execute("UPDATE events SET decided = 1 WHERE id = ?", (decision.event_id,))
-            return self._plan(c, decision, at)
-
-    def _open_or_join(self, c: sqlite3.Connection, decision: Decision, at: Stamp) -> None:
-        incident = decision.incident
-        row = c.execute("SELECT verdict FROM incidents WHERE id = ?", (incident,)).fetchone()
-        if row is None:
-            c.execute(
-                "INSERT INTO incidents(id, node, fault, verdict, status, opened_wall, "
-                "opened_mono) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    incident,
-                    decision.node,
-                    decision.fault,
-                    decision.verdict.value,
-                    IncidentStatus.open.value,
-                    at.wall,
-                    at.mono,
-                ),
-            )
-        elif Verdict(row[0]).rank < decision.verdict.rank:
-            c.execute(
-                "UPDATE incidents SET verdict = ? WHERE id = ?", (decision.verdict.value, incident)
-            )
-        c.execute(
-            "INSERT OR IGNORE INTO phases(incident, name, wall, mono, detail) "
-            "VALUES (?, 'decided', ?, ?, ?)",
-            (incident, at.wall, at.mono, decision.why),
-        )
-
-    def _plan(self, c: sqlite3.Connection, decision: Decision, at: Stamp) -> list[ActionRecord]:
-        status = ActionStatus.held if decision.held else ActionStatus.planned
-        planned: list[ActionRecord] = []
-        for position, action in enumerate(decision.actions):
-            cur = c.execute(
-                "INSERT INTO actions(incident, event_id, position, body, status, "
-                "planned_wall, planned_mono) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    decision.incident,
-                    decision.event_id,
-                    position,
-                    json.dumps(action.to_json()),
-                    status.value,
-                    at.wall,
-                    at.mono,
-                ),
-            )
-            assert cur.lastrowid is not None  # an INSERT into a rowid table always sets it
-            planned.append(
-                ActionRecord(
-                    id=cur.lastrowid,
-                    incident=str(decision.incident),
-                    action=action,
-                    status=status,
-                    planned=at,
-                )
-            )
-        return planned
+            return plan.plan_actions(c, decision, at)
 
     def record_outcome(
         self,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -262,3 +264,28 @@ def test_a_file_that_is_not_a_journal(tmp_path: Path, clock: FakeClock) -> None:
     with pytest.raises(JournalError, match=r"cannot open") as info:
         SqliteJournal(path, clock)
     assert isinstance(info.value.__cause__, sqlite3.Error)
+
+
+def test_checkpoints_run_off_the_commit_path(tmp_path: Path, clock: FakeClock) -> None:
+    j = SqliteJournal(tmp_path / "j.db", clock, checkpoint_every_s=0.01)
+    try:
+        assert j._writer.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        j.append_events([event(i) for i in range(2000)], clock.now())
+        assert j._checkpointer is not None
+        deadline = time.monotonic() + 30
+        while j._checkpointer.checkpoints < 2:  # wait on the condition, not a fixed time
+            assert time.monotonic() < deadline, "no checkpoint ran"
+            time.sleep(0.005)
+        assert len(j.undecided()) == 2000
+    finally:
+        j.close()
+    assert not any(t.name == "journal-checkpoint" for t in threading.enumerate())
+
+
+def test_checkpoints_can_be_left_to_sqlite(tmp_path: Path, clock: FakeClock) -> None:
+    j = SqliteJournal(tmp_path / "j.db", clock, checkpoint_every_s=None)
+    try:
+        assert j._writer.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+        assert j._checkpointer is None
+    finally:
+        j.close()
