@@ -3,7 +3,10 @@ running API on loopback."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -150,3 +153,30 @@ def crash_event(i: int) -> HealthEvent:
         count=1 + i % 3,
         message=f"NVRM: Xid (PCI:0000:3b:00): {i % 160}, pid={i}",
     )
+
+
+SERVER_CHILD = Path(__file__).with_name("server_child.py")
+
+
+def start_server(journal: Path, port: int) -> subprocess.Popen[str]:
+    """The API in a child process (``server_child.py``); see :func:`wait_healthy`."""
+    return subprocess.Popen(
+        [sys.executable, str(SERVER_CHILD), str(journal), str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
+    """Poll ``/healthz`` until it answers; fail if the process dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.communicate()}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.02)  # not listening yet: poll again
+    raise AssertionError(f"{url} never became healthy")
