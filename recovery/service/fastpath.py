@@ -65,8 +65,9 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
 
 
 class EventIntake:
-    """Authenticate, bound, validate, authorise, group-commit, reply; see ``app.py`` for the
-    status codes. Nothing reaches the journal unless every check passed."""
+    """Authenticate (401), bound the body (413), validate (422), authorise (403), group-commit
+    (503 if that fails), reply 200 (statuses: docs/coordinator.md, "Intake API"). Nothing
+    reaches the journal unless every check passed."""
 
     def __init__(
         self,
