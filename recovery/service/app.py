@@ -66,8 +66,9 @@ def create_app(
     clock: Clock,
     max_body_bytes: int = 1_000_000,
     metrics_need_token: bool = False,
-) -> FastAPI:
-    """The API over ``journal`` and ``coordinator``, authenticated by ``tokens``.
+) -> ServiceApp:
+    """The API (a FastAPI app) over ``journal`` and ``coordinator``, authenticated by
+    ``tokens``.
 
     ``max_body_bytes`` bounds an event request (413 above it). ``metrics_need_token``: whether
     ``/metrics`` asks for a token too (off by default: the server listens on loopback).
