@@ -1,0 +1,30 @@
+"""Fixtures of the service tests: a journal on a real temporary SQLite file, a running API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from recovery.ports.clock import FakeClock
+from recovery.service.journal import SqliteJournal
+from tests.service.helpers import Api, running_api
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def journal(tmp_path: Path, clock: FakeClock) -> Iterator[SqliteJournal]:
+    j = SqliteJournal(tmp_path / "journal.db", clock)
+    yield j
+    j.close()
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    with running_api(tmp_path, max_body_bytes=20_000) as running:
+        yield running
