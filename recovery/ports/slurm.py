@@ -56,9 +56,18 @@ def validate_job_id(job_id: str | int) -> str:
     return text
 
 
-def ours(reason: str) -> bool:
-    """True when ``reason`` was written by this toolkit (it starts with :data:`OWNER_PREFIX`)."""
+def is_ours(reason: str) -> bool:
+    """True when ``reason`` was written by this toolkit (it starts with :data:`OWNER_PREFIX`).
+
+    The one ownership predicate: every "may we undo this" question goes through it. An empty
+    reason is not ours (we always write one); see :attr:`NodeInfo.held_by_other` for what an
+    empty reason means otherwise.
+    """
     return reason.strip().startswith(OWNER_PREFIX)
+
+
+#: The name this predicate had first; the same function.
+ours = is_ours
 
 
 def mark(reason: str) -> str:
@@ -68,7 +77,7 @@ def mark(reason: str) -> str:
     which Slurm would store mangled.
     """
     text = reason.strip()
-    if ours(text):
+    if is_ours(text):
         text = text[len(OWNER_PREFIX) :].strip()
     if not text or "\n" in text or '"' in text:
         raise UsageError(f"Invalid reason {reason!r}: one non-empty line without '\"'")
@@ -110,9 +119,33 @@ class NodeInfo:
         return not (self.down or self.drained or "NOT_RESPONDING" in self.flags)
 
     @property
+    def out_of_service(self) -> bool:
+        """The node is DOWN or carries DRAIN: someone (we, an admin, Slurm) took it out."""
+        return self.down or self.drained
+
+    @property
     def reason_is_ours(self) -> bool:
-        """The current reason carries our owner prefix."""
-        return ours(self.reason)
+        """The current reason carries our owner prefix (:func:`is_ours`)."""
+        return is_ours(self.reason)
+
+    @property
+    def held_by_other(self) -> bool:
+        """Held out of service by someone else: DOWN or DRAIN with a non-empty reason that is
+        not ours. We never undo such a node and never overwrite its reason.
+
+        An empty reason is not another owner's mark: it is Slurm's own doing (e.g. a node
+        declared DOWN in slurm.conf, or left DOWN by slurmd trouble without a reason). We may
+        write our mark over it, and once ours is there we may undo it.
+        """
+        return self.out_of_service and bool(self.reason.strip()) and not self.reason_is_ours
+
+
+def describe_state(node: NodeInfo | None) -> str:
+    """``node``'s state and flags as one word, e.g. ``IDLE+DRAIN+NOT_RESPONDING`` (flags
+    sorted); ``missing`` for None. Used wherever a node's state is shown to a person."""
+    if node is None:
+        return "missing"
+    return "+".join([node.state, *sorted(node.flags)])
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from typing import TypeVar
 
 import pytest
 
+from recovery.spares import SPARE_REASON
 from slurm import procs
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import REQUIRED_PROGRAMS, ClusterInfo, LocalCluster
-from slurm.conf import SPARE_REASON
 
 T = TypeVar("T")
 
