@@ -8,8 +8,14 @@ import pytest
 
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
-from tests.slurm.conftest import SLURMD_TIMEOUT_S, wait_for
-from tests.slurm.test_adapter import output_lines, running, submit_loop
+from tests.slurm.helpers import (
+    SLURMD_TIMEOUT_S,
+    down_node,
+    output_lines,
+    running,
+    submit_loop,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -37,9 +43,7 @@ def test_crashed_slurmd_gets_its_node_down_and_the_job_requeued(
     (node,) = first.nodes
     killed = local_cluster.crash_node(node)
     assert len(killed) >= 2  # slurmd, its job step and the job's processes
-    down = wait_for(
-        lambda: (n := slurm_ctl.node(node)).down and n, 4 * SLURMD_TIMEOUT_S, f"{node} DOWN"
-    )
+    down = wait_for(lambda: down_node(slurm_ctl, node), 4 * SLURMD_TIMEOUT_S, f"{node} DOWN")
     assert "NOT_RESPONDING" in down.flags
     second = wait_for(lambda: running(slurm_ctl, job_id), 40, "job running elsewhere")
     assert second.restart_count == 1

@@ -18,9 +18,7 @@ from slurm.sbatch import (
     training_job,
     with_auto_resume,
 )
-
-GOLDEN = Path(__file__).parent / "golden" / "train.sbatch"
-TRAIN = ["recover", "train", "--run-dir", "/runs/demo 1", "--steps", "100", "--save-every", "10"]
+from tests.slurm.helpers import GOLDEN, TRAIN
 
 # Saves and exits 75 on USR1 or TERM, like `recover train`; otherwise runs STEPS x 0.1 s.
 STAND_IN = """\

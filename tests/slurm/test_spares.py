@@ -7,7 +7,7 @@ import pytest
 from recovery.errors import NoSpareError, ReasonNotOursError
 from recovery.spares import SPARE_REASON, SparePool
 from slurm.cli_slurm import CliSlurm
-from tests.slurm.conftest import wait_for
+from tests.slurm.helpers import wait_for
 
 pytestmark = pytest.mark.slurm
 
