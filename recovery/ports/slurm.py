@@ -60,14 +60,28 @@ def is_ours(reason: str) -> bool:
     """True when ``reason`` was written by this toolkit (it starts with :data:`OWNER_PREFIX`).
 
     The one ownership predicate: every "may we undo this" question goes through it. An empty
-    reason is not ours (we always write one); see :attr:`NodeInfo.held_by_other` for what an
-    empty reason means otherwise.
+    reason is not ours (we always write one); see :func:`is_slurms_own` and
+    :attr:`NodeInfo.held_by_other` for what it means otherwise.
     """
     return reason.strip().startswith(OWNER_PREFIX)
 
 
 #: The name this predicate had first; the same function.
 ours = is_ours
+
+#: Reasons slurmctld writes by itself and undoes by itself: "Not responding" is its mark on a
+#: node whose slurmd went silent (DOWN+NOT_RESPONDING, set by SlurmUser), cleared when slurmd
+#: registers again (ReturnToService=1). Its other reasons ("Kill task failed", "Low
+#: RealMemory", ...) ask for a person's attention and count as someone else's.
+SLURM_OWN_REASONS = frozenset({"Not responding"})
+
+
+def is_slurms_own(reason: str) -> bool:
+    """True when ``reason`` is empty or in :data:`SLURM_OWN_REASONS`: Slurm's own doing, not
+    another owner's mark. Writing ours over it only keeps the node out longer (safe); once
+    ours is there, we may undo it."""
+    text = reason.strip()
+    return not text or text in SLURM_OWN_REASONS
 
 
 def mark(reason: str) -> str:
@@ -130,14 +144,14 @@ class NodeInfo:
 
     @property
     def held_by_other(self) -> bool:
-        """Held out of service by someone else: DOWN or DRAIN with a non-empty reason that is
-        not ours. We never undo such a node and never overwrite its reason.
+        """Held out of service by someone else: DOWN or DRAIN with a reason that is neither
+        ours nor Slurm's own (:func:`is_slurms_own`). We never undo such a node and never
+        overwrite its reason.
 
-        An empty reason is not another owner's mark: it is Slurm's own doing (e.g. a node
-        declared DOWN in slurm.conf, or left DOWN by slurmd trouble without a reason). We may
-        write our mark over it, and once ours is there we may undo it.
+        Slurm's own mark is not another owner's: we may write ours over it (the node then
+        stays out until we undo ours) and once ours is there we may undo it.
         """
-        return self.out_of_service and bool(self.reason.strip()) and not self.reason_is_ours
+        return self.out_of_service and not self.reason_is_ours and not is_slurms_own(self.reason)
 
 
 def describe_state(node: NodeInfo | None) -> str:

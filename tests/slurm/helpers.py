@@ -66,6 +66,12 @@ def running(ctl: CliSlurm, job_id: str) -> JobInfo | None:
     return job if job.state == "RUNNING" and job.nodes else None
 
 
+def finished(ctl: CliSlurm, job_id: str) -> JobInfo | None:
+    """The job once it reached a terminal state, else None (a probe for :func:`wait_for`)."""
+    job = ctl.job(job_id)
+    return job if job.finished else None
+
+
 def down_node(ctl: CliSlurm, name: str) -> NodeInfo | None:
     """The node when it is DOWN, else None (a probe for :func:`wait_for`)."""
     node = ctl.node(name)

@@ -10,6 +10,7 @@ from recovery.ports.slurm import (
     NodeInfo,
     describe_state,
     is_ours,
+    is_slurms_own,
     mark,
     ours,
     validate_job_id,
@@ -59,7 +60,7 @@ def test_mark_adds_the_owner_prefix_once() -> None:
         ("  recover: padded", True),
         ("", False),
         ("   ", False),
-        ("Not responding", False),
+        ("Not responding", False),  # Slurm's own, yet not ours: we never undo it
         ("maintenance (recover: later)", False),
         ("Recover: capital", False),
     ],
@@ -67,6 +68,15 @@ def test_mark_adds_the_owner_prefix_once() -> None:
 def test_is_ours(reason: str, expected: bool) -> None:
     assert is_ours(reason) is expected
     assert NodeInfo("n", "IDLE", DRAIN, reason).reason_is_ours is expected
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [("", True), ("  ", True), ("Not responding", True), ("Low RealMemory", False), ("rma", False)],
+)
+def test_is_slurms_own(reason: str, expected: bool) -> None:
+    assert is_slurms_own(reason) is expected
+    assert not is_ours(reason)
 
 
 @pytest.mark.parametrize(
@@ -80,7 +90,9 @@ def test_is_ours(reason: str, expected: bool) -> None:
         ("IDLE", DRAIN, "", True, False),  # empty: Slurm's doing, not another owner's
         ("ALLOCATED", DRAIN, "rma", True, True),
         ("DOWN", NONE, "recover: xid48", True, False),
-        ("DOWN", frozenset({"NOT_RESPONDING"}), "Not responding", True, True),
+        # A silent slurmd: Slurm's own mark (real 22.05: reason "Not responding", set by root).
+        ("DOWN", frozenset({"NOT_RESPONDING"}), "Not responding", True, False),
+        ("DOWN", NONE, "Kill task failed", True, True),  # Slurm asking for a person: theirs
         ("DOWN", NONE, "", True, False),
         ("DOWN", NONE, "  ", True, False),
         ("DOWN", DRAIN, "recover: spare", True, False),
@@ -122,6 +134,7 @@ OURS = "recover: xid79"
         (NodeInfo("n", "DOWN", NONE, ""), "DOWN", OURS),  # empty: we write ours over it
         (NodeInfo("n", "IDLE", DRAIN, ""), "DRAIN", OURS),
         (NodeInfo("n", "IDLE", DRAIN, ""), "DOWN", OURS),
+        (NodeInfo("n", "DOWN", frozenset({"NOT_RESPONDING"}), "Not responding"), "DOWN", OURS),
         (NodeInfo("n", "IDLE", NONE, "stale note"), "DRAIN", OURS),  # in service: not held
         (NodeInfo("n", "IDLE", DRAIN, "rma"), "DRAIN", None),  # theirs: kept
         (NodeInfo("n", "DOWN", NONE, "rma"), "DOWN", None),

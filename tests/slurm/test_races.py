@@ -72,7 +72,8 @@ NODE_RACES = [
     # The CI teardown: a forced resume of a crashed node whose slurmd registered meanwhile.
     ("force", node("DOWN", frozenset({"NOT_RESPONDING"}), "Not responding"), node("IDLE"), False),
     ("down", node("IDLE"), node("DOWN", NONE, OURS), False),
-    ("down", node("IDLE"), node("DOWN", NONE, "Not responding"), False),  # someone else's now
+    ("down", node("IDLE"), node("DOWN", NONE, "rma"), False),  # someone else's now: theirs kept
+    ("down", node("IDLE"), node("DOWN", NONE, "Not responding"), True),  # ours is still missing
     ("down", node("IDLE"), node("IDLE"), True),
     ("drain", node("IDLE"), node("IDLE", DRAIN, OURS), False),
     ("drain", node("IDLE"), node("DOWN", NONE, OURS), True),

@@ -21,6 +21,7 @@ from recovery.spares import (
 )
 
 DRAIN = frozenset({"DRAIN"})
+LOST = frozenset({"NOT_RESPONDING"})
 
 
 class FakeSlurm:
@@ -119,6 +120,7 @@ def test_pool_membership(node: NodeInfo, in_pool: bool, ready: bool) -> None:
         (NodeInfo("n1", "DOWN", frozenset(), "recover: xid79"), ["resume", "drain"]),
         (NodeInfo("n1", "DOWN", DRAIN, "recover: xid79"), ["resume", "drain"]),
         (NodeInfo("n1", "DOWN", frozenset({"NOT_RESPONDING"}), ""), ["mark", "resume", "drain"]),
+        (NodeInfo("n1", "DOWN", LOST, "Not responding", "root"), ["mark", "resume", "drain"]),
     ],
 )
 def test_retire_steps(node: NodeInfo, steps: list[RetireStep]) -> None:
@@ -129,7 +131,7 @@ def test_retire_steps(node: NodeInfo, steps: list[RetireStep]) -> None:
     "node",
     [
         NodeInfo("n1", "IDLE", DRAIN, "bios update (alice)", "alice"),
-        NodeInfo("n1", "DOWN", frozenset(), "Not responding", "slurm"),
+        NodeInfo("n1", "DOWN", frozenset(), "Kill task failed", "slurm"),
         NodeInfo("n1", "DOWN", DRAIN, "rma", "bob"),
     ],
 )
@@ -144,6 +146,7 @@ def test_retire_refuses_a_node_held_by_someone_else(node: NodeInfo) -> None:
         NodeInfo("n1", "IDLE"),
         NodeInfo("n1", "DOWN", frozenset(), "recover: xid79"),
         NodeInfo("n1", "DOWN", frozenset(), ""),
+        NodeInfo("n1", "DOWN", LOST, "Not responding", "root"),
         NodeInfo("n1", "IDLE", DRAIN, ""),
     ],
 )
