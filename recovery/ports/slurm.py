@@ -218,6 +218,11 @@ class BatchJob:
 class SlurmControl(Protocol):
     """What the toolkit needs from Slurm. Every action is idempotent and marked as ours.
 
+    Ownership: we undo only our own marks (:func:`is_ours`) and never overwrite the reason of
+    a node :attr:`NodeInfo.held_by_other`. Races with Slurm itself: an action Slurm refuses
+    re-reads the node or job and returns False when the state it wanted already holds (a
+    slurmd registering again, a job ending in between); any other refusal is raised.
+
     Failure modes shared by all methods: :class:`recovery.errors.SlurmUnavailableError`
     (transient: slurmctld unreachable or timed out) and
     :class:`recovery.errors.SlurmRefusedError` (a verdict: Slurm refused the request).
