@@ -127,6 +127,27 @@ def test_term_is_forwarded_and_its_status_kept_without_requeue(tmp_path: Path) -
     assert status == PREEMPTED_STATUS
 
 
+# Signals the batch shell first thing, possibly before that shell learnt its pid ($!).
+SIGNALS_ITS_PARENT = """\
+#!/bin/bash
+trap 'echo TERM >> "$1"; exit 75' TERM
+kill -s TERM "$PPID"
+for i in $(seq 1 300); do sleep 0.1; done
+echo done >> "$1"
+"""
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_signal_before_training_is_known_is_still_forwarded(tmp_path: Path, attempt: int) -> None:
+    stand_in = tmp_path / "train.sh"
+    stand_in.write_text(SIGNALS_ITS_PARENT)
+    log = tmp_path / "train.log"
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_batch_script(["bash", str(stand_in), str(log)], signal_lead_s=60))
+    proc = subprocess.run(["bash", str(script)], timeout=20, check=False)
+    assert (proc.returncode, log.read_text()) == (PREEMPTED_STATUS, "TERM\n")
+
+
 @pytest.mark.parametrize("exit_status", [0, 3])
 def test_a_normal_exit_keeps_its_status(tmp_path: Path, exit_status: int) -> None:
     status, log, calls = run_script(tmp_path, steps=2, send=None, exit_status=exit_status)
