@@ -19,7 +19,7 @@ from recovery.ports.slurm import OWNER_PREFIX, NodeInfo, SlurmControl, describe_
 #: Reason carried by nodes held in the spare pool.
 SPARE_REASON = f"{OWNER_PREFIX} spare"
 
-#: One step of retiring a node: ``mark`` writes our reason over an empty one on a DOWN node
+#: One step of retiring a node: ``mark`` writes our reason over Slurm's own on a DOWN node
 #: (``down``), ``resume`` clears our DOWN, ``drain`` holds the node with the spare reason.
 RetireStep = Literal["mark", "resume", "drain"]
 
@@ -47,7 +47,7 @@ def retire_steps(node: NodeInfo, reason: str = SPARE_REASON) -> list[RetireStep]
     Slurm has no "clear DOWN only" and draining a DOWN node leaves it DOWN+DRAIN, so a DOWN
     node is resumed first; slurmctld marks a resumed node NOT_RESPONDING until its slurmd
     answers a ping, so no job can land on it before the drain right after. We only resume our
-    own DOWN, so a DOWN with an empty reason (Slurm's doing) first gets our mark.
+    own DOWN, so a DOWN with Slurm's own mark (empty, or "Not responding") first gets ours.
     """
     if is_spare(node, reason):
         return []

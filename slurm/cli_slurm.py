@@ -79,7 +79,7 @@ def take_out_reason(info: NodeInfo, state: str, text: str) -> str | None:
     already, or asked to DRAIN, is a no-op; drained by them and asked DOWN, it goes DOWN with
     their reason, so our resume (which only undoes our marks) never puts it back. A node
     already in ``state`` with ``text`` is a no-op; anything else (in service, ours with
-    another reason, or out with an empty reason: Slurm's doing) gets ``text``.
+    another reason, or out with Slurm's own mark, :func:`is_slurms_own`) gets ``text``.
     """
     if info.held_by_other:
         return None if info.down or state == "DRAIN" else info.reason

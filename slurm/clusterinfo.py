@@ -125,7 +125,12 @@ class ClusterStatus:
             "conf_path": str(self.conf_path) if self.conf_path else None,
             "processes": self.processes,
             "nodes": [
-                {**asdict(n), "flags": sorted(n.flags), "partitions": list(n.partitions)}
+                {
+                    **asdict(n),
+                    "flags": sorted(n.flags),
+                    "features": sorted(n.features),
+                    "partitions": list(n.partitions),
+                }
                 for n in self.nodes
             ],
             "error": self.error,

@@ -12,12 +12,8 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import UsageError
-from slurm.sbatch import (
-    PREEMPTED_STATUS,
-    render_batch_script,
-    training_job,
-    with_auto_resume,
-)
+from recovery.train.preempt import EXIT_PREEMPTED as PREEMPTED_STATUS  # the trainer's status
+from slurm.sbatch import render_batch_script, training_job, with_auto_resume
 from tests.slurm.helpers import GOLDEN, TRAIN
 
 # Saves and exits 75 on USR1 or TERM, like `recover train`; otherwise runs STEPS x 0.1 s.
