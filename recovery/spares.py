@@ -26,7 +26,7 @@ RetireStep = Literal["mark", "resume", "drain"]
 
 def is_spare(node: NodeInfo, reason: str = SPARE_REASON) -> bool:
     """True when ``node`` is held in the pool (drained with our spare reason)."""
-    return node.drained and node.reason == reason
+    return node.drained and node.reason.strip() == reason
 
 
 def is_ready_spare(node: NodeInfo, reason: str = SPARE_REASON) -> bool:

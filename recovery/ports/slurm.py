@@ -116,6 +116,8 @@ class NodeInfo:
     partitions: tuple[str, ...] = ()
     features: frozenset[str] = frozenset()
     """Slurm node features (``Features=``), e.g. a rack or NVLink domain name."""
+    reason_changed_at: float = 0.0
+    """When the reason was set (Unix seconds); 0 when unknown or no reason."""
 
     @property
     def down(self) -> bool:
