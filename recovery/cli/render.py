@@ -7,7 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def _ts(wall: float | None) -> str:
+def _wall(at: Any) -> float | None:
+    """Wall seconds from a stamp (``{"wall": s, "mono": s}``) or a plain number."""
+    if isinstance(at, dict):
+        return float(at["wall"])
+    return None if at is None else float(at)
+
+
+def _ts(at: Any) -> str:
+    wall = _wall(at)
     if wall is None:
         return "-"
     return time.strftime("%H:%M:%S", time.localtime(wall)) + f".{int(wall * 1000) % 1000:03d}"
@@ -60,23 +68,37 @@ def render_incidents(items: Sequence[dict[str, Any]]) -> str:
                 i["verdict"],
                 i["status"],
                 _ts(i["opened"]),
-                i.get("last_phase", ""),
+                i.get("last_phase") or _last_phase(i),
             )
             for i in items
         ],
     )
 
 
+def _phases(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return sorted(doc.get("phases", []), key=lambda p: _wall(p["at"]) or 0.0)
+
+
+def _last_phase(doc: dict[str, Any]) -> str:
+    phases = _phases(doc)
+    return str(phases[-1]["name"]) if phases else ""
+
+
 def render_incident(doc: dict[str, Any]) -> str:
     """One incident's timeline: each phase with its offset from the fault, then actions."""
-    phases = doc.get("phases", [])
-    t0 = phases[0]["wall"] if phases else doc.get("opened")
+    phases = _phases(doc)
+    t0 = _wall(phases[0]["at"]) if phases else _wall(doc.get("opened"))
     lines = [
         f"incident {doc['id']}: {doc['fault']} on {doc['node']} -> {doc['verdict']} "
         f"({doc['status']})"
     ]
     rows = [
-        (_ts(p["wall"]), f"+{p['wall'] - t0:.3f}s" if t0 else "", p["name"], p.get("detail", ""))
+        (
+            _ts(p["at"]),
+            f"+{(_wall(p['at']) or 0.0) - t0:.3f}s" if t0 else "",
+            p["name"],
+            p.get("detail", ""),
+        )
         for p in phases
     ]
     lines.append(table(("TIME", "OFFSET", "PHASE", "DETAIL"), rows))

@@ -260,7 +260,8 @@ class Engine:
             for name, detail in progress.phases:
                 self.journal.add_phase(inc.id, Phase(name, now, detail))
             if progress.resolved and settled(inc):
-                self.journal.close_incident(inc.id, now, "actions done; jobs running again")
+                why = "jobs running again" if inc.jobs else "no job ran on the node"
+                self.journal.close_incident(inc.id, now, f"actions done; {why}")
 
     def _expire_held(self, now: Stamp) -> list[int]:
         expired = []

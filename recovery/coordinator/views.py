@@ -84,7 +84,7 @@ def node_rows(
 
 def incident_summary(inc: IncidentRecord) -> dict[str, Any]:
     """The short form of an incident: id, node, fault, verdict, status, last phase."""
-    last = inc.phases[-1].name if inc.phases else ""
+    last = max(inc.phases, key=lambda p: p.at.wall).name if inc.phases else ""
     return {
         "id": inc.id,
         "node": inc.node,
