@@ -21,6 +21,10 @@ from recovery.ports.slurm import BatchJob, JobInfo, NodeInfo, is_ours, mark
 from recovery.spares import SPARE_REASON
 
 
+class Crash(BaseException):
+    """The coordinator process dying at this point (no handler in the engine catches it)."""
+
+
 class FakeSlurm:
     """Nodes ``nodes`` (in service) and ``spares`` (drained as spares) in partition ``main``."""
 
@@ -47,6 +51,8 @@ class FakeSlurm:
         """Fail this many next calls with SlurmUnavailableError (a slurmctld outage)."""
         self._lock = threading.Lock()
         self._next_job = 1
+        self.crash_before: set[str] = set()
+        """Raise :class:`Crash` (the coordinator killed) just before the named call runs."""
 
     # --- test controls --------------------------------------------------------------------
 
@@ -74,13 +80,25 @@ class FakeSlurm:
         """The calls that changed Slurm (not the reads)."""
         return [c for c in self.calls if c[0] not in ("nodes", "jobs")]
 
-    def _call(self, *what: str) -> None:
+    def _enter(self, op: str = "") -> None:
+        # Every call pays the round trip, and fails before changing anything during an outage.
+        if op in self.crash_before:
+            self.crash_before.discard(op)
+            raise Crash(f"the coordinator was killed before {op}")
         if self.latency_s:
             self._sleep(self.latency_s)
         with self._lock:
             if self.unavailable:
                 self.unavailable -= 1
                 raise SlurmUnavailableError("fake slurmctld unreachable")
+
+    def _call(self, *what: str) -> None:
+        self._enter(what[0])
+        with self._lock:
+            self.calls.append(what)
+
+    def _log(self, *what: str) -> None:
+        with self._lock:
             self.calls.append(what)
 
     # --- reading --------------------------------------------------------------------------
@@ -126,27 +144,23 @@ class FakeSlurm:
         return True
 
     def down(self, node: str, reason: str) -> bool:
-        changed = self._take_out(node, "DOWN", reason)
-        if changed:
-            self._call("down", node, reason)
-        return changed
+        return bool(self.down_many([node], reason))
 
     def drain(self, node: str, reason: str) -> bool:
-        changed = self._take_out(node, "DRAIN", reason)
-        if changed:
-            self._call("drain", node, reason)
-        return changed
+        return bool(self.drain_many([node], reason))
 
     def down_many(self, nodes: Sequence[str], reason: str) -> list[str]:
+        self._enter("down")
         changed = sorted(n for n in set(nodes) if self._take_out(n, "DOWN", reason))
         if changed:
-            self._call("down", ",".join(changed), reason)
+            self._log("down", ",".join(changed), mark(reason))
         return changed
 
     def drain_many(self, nodes: Sequence[str], reason: str) -> list[str]:
+        self._enter("drain")
         changed = sorted(n for n in set(nodes) if self._take_out(n, "DRAIN", reason))
         if changed:
-            self._call("drain", ",".join(changed), reason)
+            self._log("drain", ",".join(changed), mark(reason))
         return changed
 
     def resume(self, node: str, *, force: bool = False) -> bool:
