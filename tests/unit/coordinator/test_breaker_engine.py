@@ -37,7 +37,8 @@ def test_a_burst_is_held_beyond_the_limit_and_reset_releases_it(rig: Rig) -> Non
 
     rig.clock.advance(30)
     out = rig.engine.breaker_reset()
-    assert len(out["released"]) == len(held) and out["expired"] == []
+    assert len(out["released"]) == len(held)
+    assert out["expired"] == []
     assert sorted(_downs(rig)) == ["n1", "n2", "n3", "n4", "n5"]
     assert rig.journal.held_actions() == []
     assert "released" in rig.phases("n4")
