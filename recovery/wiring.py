@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from recovery.ports.slurm import SlurmControl
 
 if TYPE_CHECKING:
+    from recovery.service.process import Endpoint
     from slurm.cluster import ClusterStatus
 
 
@@ -60,3 +61,24 @@ def cluster_status(
     if not other or Path(other).absolute() == local.conf_path:
         return local.status()
     return conf_status(Path(other).absolute(), env=env)
+
+
+def coordinator_dir(cluster_state: Path) -> Path:
+    """Where the local cluster's coordinator keeps its state: beside the cluster's state dir
+    (``.state/slurm`` -> ``.state/coordinator``, the operator verbs' default)."""
+    return cluster_state.parent / "coordinator"
+
+
+def start_coordinator(cluster_state: Path, conf: Path) -> Endpoint:
+    """Start the coordinator for the local cluster in the background (a no-op when one runs);
+    returns where it listens. Raises CoordinatorUnavailableError with its log when it fails."""
+    from recovery.service import process
+
+    return process.start(coordinator_dir(cluster_state), slurm_conf=conf)
+
+
+def stop_coordinator(cluster_state: Path) -> bool:
+    """Stop the local cluster's coordinator; False when none ran."""
+    from recovery.service import process
+
+    return process.stop(coordinator_dir(cluster_state))

@@ -51,19 +51,35 @@ def up(
     slurmd_timeout: Annotated[
         int, typer.Option(help="Seconds before a silent slurmd's node goes DOWN.")
     ] = 10,
+    coordinator: Annotated[
+        bool,
+        typer.Option(
+            "--coordinator",
+            help="Also start the coordinator (state in STATE_DIR/../coordinator, tokens "
+            "generated there).",
+        ),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Start munge, slurmctld and one slurmd per node; return once all nodes are idle."""
     from slurm.cluster import LocalCluster
 
-    info = LocalCluster(_state_dir(state_dir), slurmd_timeout_s=slurmd_timeout).up(
-        nodes=nodes, spares=spares
-    )
+    d = _state_dir(state_dir)
+    info = LocalCluster(d, slurmd_timeout_s=slurmd_timeout).up(nodes=nodes, spares=spares)
+    endpoint = wiring.start_coordinator(d, info.conf_path) if coordinator else None
     if as_json:
-        typer.echo(json.dumps(info.to_json(), indent=2))
+        doc = info.to_json()
+        if endpoint is not None:
+            doc["coordinator"] = {"url": endpoint.url, "state_dir": str(endpoint.state_dir)}
+        typer.echo(json.dumps(doc, indent=2))
         return
     verb = "started" if info.started else "already running"
     typer.echo(f"cluster {verb}: nodes {', '.join(info.nodes)}; spares {', '.join(info.spares)}")
+    if endpoint is not None:
+        typer.echo(
+            f"coordinator at {endpoint.url} (state in {endpoint.state_dir}; "
+            f"`recover status --state-dir {shlex.quote(str(endpoint.state_dir))}`)"
+        )
     typer.echo(f"export SLURM_CONF={shlex.quote(str(info.conf_path))}")
 
 
@@ -72,7 +88,10 @@ def down(state_dir: StateDir = None) -> None:
     """Stop every process the cluster started (a no-op when none runs)."""
     from slurm.cluster import LocalCluster
 
-    stopped = LocalCluster(_state_dir(state_dir)).down()
+    d = _state_dir(state_dir)
+    coordinator = wiring.stop_coordinator(d)
+    stopped = ["coordinator"] if coordinator else []
+    stopped += LocalCluster(d).down()
     typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "no cluster was running")
 
 

@@ -17,18 +17,10 @@ from dataclasses import dataclass
 from recovery.model import HealthEvent, Source
 from recovery.model.events import UNREACHABLE
 from recovery.ports.journal import ActionStatus, IncidentRecord
-from recovery.ports.slurm import JobInfo, NodeInfo, is_ours
+from recovery.ports.slurm import JobInfo, NodeInfo, is_slurms_own
 
 #: Actions in these states still have work to do; an incident with any stays open.
 UNSETTLED = frozenset({ActionStatus.planned, ActionStatus.waiting, ActionStatus.held})
-#: Reasons slurmctld writes itself when it sets a node DOWN: not another owner's mark.
-SLURM_OWN_REASONS = ("Not responding", "Node unexpectedly rebooted", "Kill task failed")
-
-
-def is_slurm_reason(reason: str) -> bool:
-    """True when ``reason`` is one slurmctld writes by itself (or none at all)."""
-    text = reason.strip()
-    return not text or any(text.startswith(r) for r in SLURM_OWN_REASONS)
 
 
 def unreachable_events(
@@ -42,10 +34,10 @@ def unreachable_events(
     """
     events = []
     for n in nodes:
-        if n.name in open_nodes or not n.down or is_ours(n.reason):
+        # Only Slurm's own DOWN (a silent slurmd) is a failure to handle: ours is handled
+        # already, and another owner's is their business.
+        if n.name in open_nodes or not n.down or not is_slurms_own(n.reason):
             continue
-        if not is_slurm_reason(n.reason):
-            continue  # held by another owner on purpose: not a failure for us to handle
         since = int(n.reason_changed_at) if n.reason_changed_at else int(now_wall)
         events.append(
             HealthEvent(

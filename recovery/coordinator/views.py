@@ -9,7 +9,7 @@ from typing import Any
 
 from recovery.ports.clock import Stamp
 from recovery.ports.journal import ActionRecord, IncidentRecord
-from recovery.ports.slurm import NodeInfo, is_ours
+from recovery.ports.slurm import NodeInfo, is_ours, is_slurms_own
 from recovery.spares import SPARE_REASON, is_ready_spare, is_spare
 
 #: Journal meta key: the cluster's layout (nodes, partitions, features, spares) as last seen.
@@ -55,7 +55,7 @@ def holder(node: NodeInfo) -> str:
         return ""
     if is_ours(node.reason):
         return "recover"
-    if not node.reason.strip() or node.reason.startswith("Not responding"):
+    if is_slurms_own(node.reason):
         return "slurm"
     return node.reason_set_by or "unknown"
 
