@@ -6,6 +6,9 @@ import functools
 
 import pytest
 
+# The real local Slurm cluster's fixtures (started only by tests that ask for them).
+pytest_plugins = ["tests.plugins.slurm_cluster"]
+
 
 @functools.cache
 def _accelerator(platform: str) -> str | None:

@@ -1,0 +1,1 @@
+"""pytest plugins shared by several test packages (registered in tests/conftest.py)."""
