@@ -15,7 +15,7 @@ from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
 from slurm.sbatch import submit_training
 from tests.coordinator.helpers import RECOVER, Coordinator, control_digest, events, phases
-from tests.slurm.helpers import SLURMD_TIMEOUT_S, running, submit_loop, wait_for
+from tests.slurm.helpers import SLURMD_TIMEOUT_S, down_node, running, submit_loop, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -52,7 +52,7 @@ def test_xid79_node_replaced_by_the_spare_and_training_ends_bit_exact(
     wait_for(lambda: _checkpointed(job_dir / "run", 4), 120, "a checkpoint at step 4")
     coordinator.send(node, "xid79")
 
-    down = wait_for(lambda: (n := slurm_ctl.node(node)).down and n, 20, f"{node} DOWN")
+    down = wait_for(lambda: down_node(slurm_ctl, node), 20, f"{node} DOWN")
     assert down.reason == "recover: xid79 GPU has fallen off the bus"
     # A resumed node is NOT_RESPONDING until slurmctld's next ping reaches its slurmd.
     wait_for(lambda: slurm_ctl.node("spare1").in_service, 30, "spare1 in service")
@@ -82,11 +82,12 @@ def test_xid94_requeues_the_job_and_keeps_the_node(
     job_id = submit_loop(slurm_ctl, job_dir)
     (node,) = wait_for(lambda: running(slurm_ctl, job_id), 30, "the job running").nodes
     coordinator.send(node, "xid94")
-    again = wait_for(
-        lambda: (j := running(slurm_ctl, job_id)) and j.restart_count == 1 and j,
-        60,
-        "the job running again after its requeue",
-    )
+
+    def rerun() -> JobInfo | None:
+        job = running(slurm_ctl, job_id)
+        return job if job is not None and job.restart_count == 1 else None
+
+    again = wait_for(rerun, 60, "the job running again after its requeue")
     assert again.restart_count == 1
     assert slurm_ctl.node(node).in_service
     inc = coordinator.incident_on(node)
@@ -174,8 +175,8 @@ def test_a_crashed_slurmd_becomes_a_node_unreachable_incident(
                    "an incident from Slurm's own view")  # fmt: skip
     assert inc["fault"] == "node-unreachable"
     wait_for(lambda: slurm_ctl.node("spare1").in_service, 20, "the spare promoted")
-    node = wait_for(lambda: (n := slurm_ctl.node("node2")).reason_is_ours and n, 20, "our mark")
-    assert node.down
+    wait_for(lambda: slurm_ctl.node("node2").reason_is_ours, 20, "our mark on node2")
+    assert slurm_ctl.node("node2").down
     local_cluster.restart_node("node2")
     # Our mark keeps the node out even though its slurmd registers again (ReturnToService=1).
     wait_for(lambda: "NOT_RESPONDING" not in slurm_ctl.node("node2").flags, 30, "slurmd back")

@@ -1,9 +1,10 @@
 """One real local Slurm cluster per test session (munged, slurmctld, 3 slurmd + 1 spare).
 
 A plugin (registered in tests/conftest.py) so that the Slurm adapter's tests and the
-coordinator's real-daemon tests share one cluster. Tests marked ``slurm`` use it; the ``slurm_ctl`` fixture hands each test a cluster whose
-jobs are cancelled and whose nodes are back in their starting state (node1-3 idle, spare1
-drained as a spare), so tests do not depend on their order.
+coordinator's real-daemon tests share one cluster. Tests marked ``slurm`` use it; the
+``slurm_ctl`` fixture hands each test a cluster whose jobs are cancelled and whose nodes are
+back in their starting state (node1-3 idle, spare1 drained as a spare), so tests do not
+depend on their order.
 """
 
 from __future__ import annotations
