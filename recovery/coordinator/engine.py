@@ -30,7 +30,15 @@ from recovery.coordinator.views import (
     status_view,
 )
 from recovery.errors import RecoverError, TransientError, UsageError, unknown_choice
-from recovery.model import HealthEvent, PromoteSpare, SaveThenRequeue, Source
+from recovery.model import (
+    Decision,
+    HealthEvent,
+    PromoteSpare,
+    RequeueJobs,
+    SaveThenRequeue,
+    Source,
+    TakeDown,
+)
 from recovery.model.events import REPAIRED
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import ActionStatus, Journal, Phase, StoredEvent
@@ -49,6 +57,19 @@ class EngineSettings:
     tick_s: float = 0.5
     command_timeout_s: float = 30.0
     executor: ExecutorSettings = field(default_factory=ExecutorSettings)
+
+
+def job_path(decision: Decision) -> str:
+    """How the incident treats the node's jobs, for the record: saved first (the node still
+    works), down at once (the GPU is gone: nothing could save), requeued in place, or none."""
+    kinds = {a.kind for a in decision.actions}
+    if SaveThenRequeue.kind in kinds:
+        return "save-then-requeue"
+    if TakeDown.kind in kinds:
+        return "down-requeue (no save: the node cannot run the job)"
+    if RequeueJobs.kind in kinds:
+        return "requeue (node kept)"
+    return "none"
 
 
 class Engine:
@@ -229,12 +250,14 @@ class Engine:
         self.journal.add_phase(inc, Phase("fault", Stamp(ev.observed_at, received.mono - lag)))
         self.journal.add_phase(inc, Phase("received", received))
         jobs = [j for j in self._jobs if ev.node in j.nodes and not j.finished]
-        if jobs:
-            self.journal.update_incident(
-                inc,
-                jobs=[j.job_id for j in jobs],
-                info={"job_restarts": {j.job_id: j.restart_count for j in jobs}},
-            )
+        self.journal.update_incident(
+            inc,
+            jobs=[j.job_id for j in jobs],
+            info={
+                "job_restarts": {j.job_id: j.restart_count for j in jobs},
+                "path": job_path(decision),
+            },
+        )
         if decision.held:
             self.journal.add_phase(inc, Phase("held", self.clock.now(), decision.why))
 

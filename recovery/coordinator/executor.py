@@ -231,9 +231,7 @@ class Executor:
                 "deadline_mono": now.mono + a.timeout_s,
             }
             # Noted before signalling: a restarted coordinator must not signal twice.
-            self.journal.update_incident(
-                rec.incident, info={"save": save, "path": "save-then-requeue"}
-            )
+            self.journal.update_incident(rec.incident, info={"save": save})
             for job in jobs:
                 self.slurm.signal_job(job, "USR1")
             self._phase(rec.incident, "jobs-signalled", " ".join(jobs) or "no jobs on the node")

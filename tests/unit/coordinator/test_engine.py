@@ -31,6 +31,7 @@ def test_xid79_takes_the_node_down_requeues_and_promotes_a_spare(rig: Rig) -> No
     ]
     inc = rig.incident("n2")
     assert (inc.verdict, inc.jobs, inc.info["spare"]) == ("replace", (job,), "s1")
+    assert inc.info["path"].startswith("down-requeue")
     assert [a.status for a in inc.actions] == [ActionStatus.done, ActionStatus.done]
     # Slurm requeued the job (down does that for --requeue jobs); it runs again elsewhere.
     rig.engine.step()
@@ -81,6 +82,7 @@ def test_drain_reset_saves_first_then_requeues_at_the_deadline(rig: Rig) -> None
         ("drain", "n1", "recover: xid95 Uncontained ECC error"),
         ("signal", job, "USR1"),
     ]
+    assert rig.incident("n1").info["path"] == "save-then-requeue"
     save = next(a for a in rig.incident("n1").actions if a.action.kind == "save-requeue")
     assert save.status is ActionStatus.waiting
     rig.engine.step()
