@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery.checkpoint.files import fsync_dir
+from recovery.fsutil import fsync_dir
 from recovery.errors import UsageError
 from recovery.model.events import NODE_PATTERN
 
