@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from recovery.checkpoint.files import fsync_dir
+from recovery.fsutil import fsync_dir
 from recovery.errors import JournalError
 from recovery.model import Decision, HealthEvent
 from recovery.ports.clock import Clock, Stamp
