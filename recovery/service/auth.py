@@ -30,8 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery.fsutil import fsync_dir
 from recovery.errors import UsageError
+from recovery.fsutil import fsync_dir
 from recovery.model.events import NODE_PATTERN
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{16,256}$")

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from recovery.fsutil import fsync_dir
 from recovery.errors import JournalError
+from recovery.fsutil import fsync_dir
 from recovery.model import Decision, HealthEvent
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import (
