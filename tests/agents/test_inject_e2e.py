@@ -4,13 +4,17 @@ a real agent process -> its pipeline or its kernel log -> the intake -> the jour
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
+import typer
+from typer.testing import CliRunner
 
-from recovery.cli.inject import _Http, inject, locate, render
+from recovery.cli.inject import _Http, inject, locate, register, render
 from recovery.errors import AuthError, UsageError
 from recovery.model import Source
 from tests.agents.helpers import wait_for
@@ -137,3 +141,25 @@ def test_only_a_nodes_own_token_polls_its_commands(
     assert r.status_code == status, r.text
     assert live.channel is not None
     assert live.channel.broker.connected("n1") == (status == 200)
+
+
+def test_the_typer_command_prints_the_event_id(live: LiveCoordinator, agents: Start) -> None:
+    agent = agents("n1")
+    wait_connected(live, "n1", agent)
+    app = typer.Typer()
+    register(app)
+    args = ["--fault", "xid79", "--node", "n1", "--coordinator", live.url]
+    result = CliRunner().invoke(app, [*args, "--token-file", str(live.tokens_file), "--json"])
+    assert result.exit_code == 0, result.output
+    eid = json.loads(result.output)["event_id"]
+    wait_for(lambda: eid in live.stored_ids(), f"{eid} in the journal")
+
+
+def test_locate_says_what_to_give(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="pass --coordinator URL"):
+        locate(None, None, None, env={})
+    with pytest.raises(UsageError, match="pass --token-file"):
+        locate("http://x", None, None, env={})
+    (tmp_path / "tokens").write_text("node n1 " + "1" * 20 + "\n")
+    with pytest.raises(UsageError, match="no admin token"):
+        locate("http://x", None, tmp_path, env={})
