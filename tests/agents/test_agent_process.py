@@ -121,6 +121,7 @@ def test_without_nvml_one_line_says_so_and_the_kernel_log_still_works(
     agent = agents("n1", sources="nvml,kmsg")
     agent.write_lines(fault_lines([(79, 0)]))
     wait_for(lambda: len(live.stored_ids()) == 1, "the kernel-log event")
+    wait_for(lambda: "NVML" in agent.log(), "the agent to say NVML is unavailable")
     nvml_lines = [line for line in agent.log().splitlines() if "NVML" in line]
     assert len(nvml_lines) == 1, agent.log()
     assert "unavailable" in nvml_lines[0]
