@@ -33,10 +33,8 @@ from recovery.model.events import NODE_PATTERN
 from recovery.ports.clock import Clock
 from recovery.ports.journal import Journal
 from recovery.service.auth import Principal, TokenTable
-from recovery.service.commands import CommandBroker
+from recovery.service.commands import MAX_WAIT_S, CommandBroker
 
-#: Longest a command poll may be held (seconds).
-MAX_WAIT_S = 60.0
 #: How often agents are asked to beat (seconds); the default of ``recover agent run``.
 HEARTBEAT_S = 5.0
 
@@ -94,6 +92,7 @@ class AgentChannel:
     faults: Sequence[str]
     clock: Clock
     inject_timeout_s: float = 10.0
+    """How long ``POST /v1/inject`` waits for the agent, unless the request asks for less."""
 
     @classmethod
     def default(cls, clock: Clock, faults: Sequence[str] | None = None) -> "AgentChannel":
@@ -119,7 +118,8 @@ class InjectRequest(BaseModel):
     gpu: Annotated[int, Field(ge=0, le=1023)] | None = None
     via: Literal["agent", "kmsg"] = "agent"
     timeout_s: Annotated[float, Field(gt=0, le=60)] | None = None
-    """How long to wait for the agent to carry it out (default: the channel's)."""
+    """How long to wait for the agent to carry it out (at most, and by default, the
+    channel's ``inject_timeout_s``)."""
 
 
 def agent_routes(
@@ -235,7 +235,7 @@ def _inject_route(
             command = channel.broker.enqueue(request.node, "inject", args)
         except UsageError as e:
             raise HTTPException(409, str(e)) from e
-        timeout = request.timeout_s or channel.inject_timeout_s
+        timeout = min(request.timeout_s or channel.inject_timeout_s, channel.inject_timeout_s)
         result = await channel.broker.wait_ack(command, timeout)
         if result is None:
             channel.broker.cancel(command.id)

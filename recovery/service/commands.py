@@ -33,6 +33,8 @@ CONNECTED_WITHIN_S = 10.0
 LEASE_S = 5.0
 #: At most this many unacknowledged commands per node; more is refused (UsageError).
 MAX_PENDING = 100
+#: Longest a poll is held, whatever it asks for (seconds).
+MAX_WAIT_S = 60.0
 
 
 @dataclass
@@ -69,8 +71,10 @@ class CommandBroker:
         connected_within_s: float = CONNECTED_WITHIN_S,
         lease_s: float = LEASE_S,
         max_pending: int = MAX_PENDING,
+        max_wait_s: float = MAX_WAIT_S,
     ) -> None:
         self._clock = clock
+        self.max_wait_s = max_wait_s
         self.connected_within_s = connected_within_s
         self._lease_s = lease_s
         self._max_pending = max_pending
@@ -103,14 +107,15 @@ class CommandBroker:
 
     async def wait(self, node: str, wait_s: float) -> list[Command]:
         """Commands due for ``node`` (never delivered, or delivered more than ``lease_s`` ago),
-        marked delivered; waits up to ``wait_s`` seconds for one when there are none."""
+        marked delivered; waits up to ``wait_s`` seconds (at most ``max_wait_s``) for one when
+        there are none."""
         self._loop = asyncio.get_running_loop()
         box = self._box(node)
         box.polling += 1
         box.last_poll = self._clock.now().mono
         try:
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + max(0.0, wait_s)
+            deadline = loop.time() + min(max(0.0, wait_s), self.max_wait_s)
             while True:
                 due = self._due(box)
                 left = deadline - loop.time()
