@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc  # type: ignore[import-untyped]
-from tpu_info.proto import (  # type: ignore[import-untyped]
+import grpc
+from tpu_info.proto import (
     tpu_metric_service_pb2,
     tpu_metric_service_pb2_grpc,
 )

@@ -43,7 +43,6 @@ _UNREACHABLE = re.compile(
     re.IGNORECASE,
 )
 _ALREADY_REQUEUED = re.compile(r"Job is pending execution", re.IGNORECASE)
-_JOB_GONE = re.compile(r"Invalid job id specified|Job has already finished", re.IGNORECASE)
 
 
 def classify_failure(argv: Sequence[str], returncode: int, stderr: str) -> SlurmError | Exception:
@@ -70,6 +69,22 @@ def classify_reply_errors(
     if any(e.get("errno") == -1 or _UNREACHABLE.search(str(e.get("error", ""))) for e in errors):
         return SlurmUnavailableError(f"{cmd}: slurmctld unreachable: {text}", delay=1.0)
     return SlurmRefusedError(f"{cmd}: refused: {text}")
+
+
+def take_out_reason(info: NodeInfo, state: str, text: str) -> str | None:
+    """The reason to write when taking ``info`` out with ``state`` (DOWN or DRAIN) and our
+    marked reason ``text``; None when there is nothing to do. Pure; used by CliSlurm.
+
+    A node held by someone else (:attr:`NodeInfo.held_by_other`) keeps their reason: DOWN
+    already, or asked to DRAIN, is a no-op; drained by them and asked DOWN, it goes DOWN with
+    their reason, so our resume (which only undoes our marks) never puts it back. A node
+    already in ``state`` with ``text`` is a no-op; anything else (in service, ours with
+    another reason, or out with Slurm's own mark, :func:`is_slurms_own`) gets ``text``.
+    """
+    if info.held_by_other:
+        return None if info.down or state == "DRAIN" else info.reason
+    held = info.down if state == "DOWN" else info.drained
+    return None if held and info.reason == text else text
 
 
 class CliSlurm:
@@ -189,31 +204,38 @@ class CliSlurm:
 
     def _take_out(self, node: str, state: str, reason: str) -> bool:
         text = mark(reason)
-        info = self.node(node)
-        held = info.down if state == "DOWN" else info.drained
-        if info.reason and not info.reason_is_ours and (info.down or info.drained):
-            # Someone else took the node out: keep their reason, so that our resume (which
-            # only undoes our own marks) can never put their node back into service.
-            if info.down or state == "DRAIN":
-                return False
-            text = info.reason
-        elif held and info.reason == text:
+        why = take_out_reason(self.node(node), state, text)
+        if why is None:
             return False
-        self.run(["scontrol", "update", f"NodeName={node}", f"State={state}", f"Reason={text}"])
+        try:
+            self.run(["scontrol", "update", f"NodeName={node}", f"State={state}", f"Reason={why}"])
+        except SlurmRefusedError:
+            # Refused because Slurm got there first (the state we wanted already holds)?
+            if take_out_reason(self.node(node), state, text) is None:
+                return False
+            raise
         return True
 
     def resume(self, node: str, *, force: bool = False) -> bool:
         """Return ``node`` to service if the mark on it is ours (or ``force``).
 
-        False (no-op) when it is already in service. Raises ReasonNotOursError naming the
-        current reason and who set it when the mark is someone else's.
+        False (no-op) when it is already in service, also when it returned by itself between
+        our read and our write (slurmd registering again). Raises ReasonNotOursError naming
+        the current reason and who set it when the mark is not ours; an empty reason is not
+        ours either (we did not take the node out, so we do not put it back).
         """
         info = self.node(node)
-        if not (info.down or info.drained):
+        if not info.out_of_service:
             return False
         if not info.reason_is_ours and not force:
             raise ReasonNotOursError(node, info.reason, info.reason_set_by)
-        self.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        try:
+            self.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        except SlurmRefusedError:
+            # "Invalid node state specified": the node is no longer DOWN or DRAIN.
+            if not self.node(node).out_of_service:
+                return False
+            raise
         return True
 
     def down_many(self, nodes: Sequence[str], reason: str) -> list[str]:
@@ -235,42 +257,35 @@ class CliSlurm:
             raise unknown_choice("node", unknown[0], known)
         todo: dict[str, list[str]] = {}  # reason to write -> nodes
         for name in sorted(set(nodes)):
-            info = known[name]
-            held = info.down if state == "DOWN" else info.drained
-            if info.reason and not info.reason_is_ours and (info.down or info.drained):
-                if info.down or state == "DRAIN":
-                    continue
-                todo.setdefault(info.reason, []).append(name)
-            elif not (held and info.reason == text):
-                todo.setdefault(text, []).append(name)
+            why = take_out_reason(known[name], state, text)
+            if why is not None:
+                todo.setdefault(why, []).append(name)
+        changed: list[str] = []
         for why, names in todo.items():
-            self.run(
-                [
-                    "scontrol",
-                    "update",
-                    f"NodeName={','.join(names)}",
-                    f"State={state}",
-                    f"Reason={why}",
-                ]
-            )
-        return sorted(n for names in todo.values() for n in names)
+            argv = ["scontrol", "update", f"NodeName={','.join(names)}", f"State={state}"]
+            try:
+                self.run([*argv, f"Reason={why}"])
+            except SlurmRefusedError:
+                now = {n.name: n for n in self.nodes()}
+                if any(take_out_reason(now[n], state, text) is not None for n in names):
+                    raise
+                continue  # every node of the group already holds: none changed by us
+            changed += names
+        return sorted(changed)
 
     def signal_job(self, job_id: str | int, signal: str) -> bool:
         """Send ``signal`` to the job's batch step only (``scancel --signal=SIG --batch``).
-        False (no-op) when the job is not running."""
+        False (no-op) when the job is not running, also when it ended between our read and
+        the signal."""
         jid = validate_job_id(job_id)
         if not re.fullmatch(r"[A-Z0-9]{2,8}", signal):
             raise UsageError(f"Invalid signal {signal!r}: expected a name such as USR1 or TERM")
-        try:
-            info = self.job(jid)
-        except UsageError:
-            return False
-        if info.state != "RUNNING":
+        if not self._job_state_is(jid, {"RUNNING"}):
             return False
         try:
             self.run(["scancel", f"--signal={signal}", "--batch", jid])
-        except SlurmRefusedError as e:
-            if _JOB_GONE.search(str(e)):
+        except SlurmRefusedError:
+            if not self._job_state_is(jid, {"RUNNING"}):
                 return False
             raise
         return True
@@ -286,7 +301,7 @@ class CliSlurm:
         except SlurmRefusedError as e:
             # Right after a requeue the job is COMPLETING on its old node and slurmctld
             # answers "Job is pending execution": the requeue we asked for already holds.
-            if _ALREADY_REQUEUED.search(str(e)):
+            if _ALREADY_REQUEUED.search(str(e)) or self.job(jid).state == "PENDING":
                 return False
             raise
         return True
@@ -310,18 +325,24 @@ class CliSlurm:
         return validate_job_id(out.split(";", 1)[0])
 
     def cancel(self, job_id: str | int) -> bool:
-        """Cancel a job. False (no-op) when it had already finished or slurmctld forgot it."""
+        """Cancel a job. False (no-op) when it had already finished or slurmctld forgot it,
+        also when it finished between our read and the cancel."""
         jid = validate_job_id(job_id)
+        if not self._job_state_is(jid, None):
+            return False
+        try:
+            self.run(["scancel", jid])
+        except SlurmRefusedError:
+            if not self._job_state_is(jid, None):
+                return False
+            raise
+        return True
+
+    def _job_state_is(self, jid: str, states: frozenset[str] | set[str] | None) -> bool:
+        """Whether slurmctld knows job ``jid`` in one of ``states`` (None: any state that is
+        not finished). A job it forgot is in none."""
         try:
             info = self.job(jid)
         except UsageError:
             return False
-        if info.finished:
-            return False
-        try:
-            self.run(["scancel", jid])
-        except SlurmRefusedError as e:
-            if _JOB_GONE.search(str(e)):
-                return False
-            raise
-        return True
+        return not info.finished if states is None else info.state in states

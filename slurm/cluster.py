@@ -11,7 +11,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from recovery.errors import (
     UsageError,
     unknown_choice,
 )
-from recovery.ports.slurm import NodeInfo
+from recovery.ports.slurm import NodeInfo, describe_state
 from slurm import munge, procs
 from slurm.cli_slurm import CliSlurm
 from slurm.clusterinfo import (
@@ -43,6 +43,7 @@ __all__ = [
     "ClusterStatus",
     "LocalCluster",
     "check_installed",
+    "conf_status",
     "default_state_dir",
     "node_names",
     "resolve_conf",
@@ -252,7 +253,8 @@ class LocalCluster:
                 ]
                 if not pending:
                     return
-                last = "not ready: " + ", ".join(f"{n}={_describe(nodes.get(n))}" for n in pending)
+                states = (f"{n}={describe_state(nodes.get(n))}" for n in pending)
+                last = "not ready: " + ", ".join(states)
             except RecoverError as e:
                 last = str(e)
             if self._clock() > deadline:
@@ -318,16 +320,22 @@ class LocalCluster:
         return ClusterStatus(self.state_dir, running, info.conf_path, processes, nodes, error)
 
 
+def conf_status(
+    conf_path: Path, *, env: Mapping[str, str] | None = None, timeout_s: float = 5.0
+) -> ClusterStatus:
+    """Status of a cluster known only by its slurm.conf (one we did not start): its nodes
+    and no processes; ``running`` is whether slurmctld answered within ``timeout_s`` s."""
+    try:
+        nodes = tuple(CliSlurm(conf_path, timeout_s=timeout_s, env=env).nodes())
+    except RecoverError as e:
+        return ClusterStatus(conf_path.parent, False, conf_path, error=str(e))
+    return ClusterStatus(conf_path.parent, True, conf_path, nodes=nodes)
+
+
 def _ready(node: NodeInfo, *, spare: bool) -> bool:
     if node.state != "IDLE" or "NOT_RESPONDING" in node.flags:
         return False
     return node.drained if spare else not node.flags
-
-
-def _describe(node: NodeInfo | None) -> str:
-    if node is None:
-        return "missing"
-    return "+".join([node.state, *sorted(node.flags)])
 
 
 def _free_ports(count: int) -> list[int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery.errors import SlurmNotInstalledError, UsageError
-from recovery.ports.slurm import NodeInfo
+from recovery.ports.slurm import NodeInfo, describe_state
 from slurm.cli_slurm import INSTALL_HINT
 
 REQUIRED_PROGRAMS = ("slurmctld", "slurmd", "munged", "sinfo", "squeue", "scontrol", "sbatch")
@@ -112,8 +112,7 @@ class ClusterStatus:
             for k, v in self.processes.items()
         ]
         for n in self.nodes:
-            state = "+".join([n.state, *sorted(n.flags)])
-            lines.append(f"  {n.name:<10} {state:<24} {n.reason}")
+            lines.append(f"  {n.name:<10} {describe_state(n):<24} {n.reason}")
         if self.error:
             lines.append(f"  slurmctld: {self.error}")
         return "\n".join(lines)
@@ -126,7 +125,12 @@ class ClusterStatus:
             "conf_path": str(self.conf_path) if self.conf_path else None,
             "processes": self.processes,
             "nodes": [
-                {**asdict(n), "flags": sorted(n.flags), "partitions": list(n.partitions)}
+                {
+                    **asdict(n),
+                    "flags": sorted(n.flags),
+                    "features": sorted(n.features),
+                    "partitions": list(n.partitions),
+                }
                 for n in self.nodes
             ],
             "error": self.error,

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery.ports.slurm import OWNER_PREFIX
+from recovery.spares import SPARE_REASON
 
-#: Reason carried by nodes held in the spare pool.
-SPARE_REASON = f"{OWNER_PREFIX} spare"
+__all__ = ["SPARE_REASON", "ClusterLayout", "render_slurm_conf"]
 
 
 @dataclass(frozen=True)

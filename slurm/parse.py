@@ -150,8 +150,19 @@ def parse_nodes(text: str) -> list[NodeInfo]:
             reason_set_by=str(raw.get("reason_set_by_user") or ""),
             cpus=number(raw.get("cpus"), 0) or 0,
             partitions=tuple(str(p) for p in parts) if isinstance(parts, list) else (),
+            features=_features(raw.get("active_features") or raw.get("features")),
+            reason_changed_at=float(number(raw.get("reason_changed_at"), 0) or 0),
         )
     return [seen[n] for n in sorted(seen)]
+
+
+def _features(value: Any) -> frozenset[str]:
+    # 22.05: "rack1,nvl2" (or ""); 23+: a list of strings.
+    if isinstance(value, str):
+        return frozenset(f for f in value.split(",") if f.strip())
+    if isinstance(value, list):
+        return frozenset(str(f) for f in value if str(f).strip())
+    return frozenset()
 
 
 def parse_jobs(text: str) -> list[JobInfo]:

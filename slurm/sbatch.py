@@ -33,17 +33,20 @@ _SCRIPT = """\
 # stopped (exit {preempted}) after the USR1 warning sent {lead}s before the time limit.
 set -u
 child=
+pending=
 warned=0
 forward() {{
     if [ "$1" = USR1 ]; then warned=1; fi
     trapped=1
-    if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null || true; fi
+    if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null || true; else pending=$1; fi
 }}
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 
 {command} &
 child=$!
+# A signal that came before $child was known (training may start first) is forwarded now.
+if [ -n "$pending" ]; then kill -s "$pending" "$child" 2>/dev/null || true; fi
 
 # A trapped signal makes `wait` return early (128+n) while training still runs: wait again.
 # 127 means bash already reported the exit to the previous wait, whose status is kept.

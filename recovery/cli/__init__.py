@@ -10,8 +10,11 @@ import sys
 
 import typer
 
+from agents import cli as _agent
 from recovery.cli import checkpoint as _checkpoint
 from recovery.cli import cluster as _cluster
+from recovery.cli import coordinator as _coordinator
+from recovery.cli import ops as _ops
 from recovery.cli import train as _train
 from recovery.errors import RecoverError
 
@@ -26,8 +29,12 @@ app = typer.Typer(
 )
 app.add_typer(_checkpoint.app, name="checkpoint")
 app.add_typer(_cluster.app, name="cluster")
+app.add_typer(_coordinator.app, name="coordinator")
+app.add_typer(_coordinator.policy_app, name="policy")
+app.add_typer(_agent.app, name="agent")
 _train.register(app)
 _cluster.register(app)
+_ops.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,9 @@
 """``recover cluster ...`` and ``recover sbatch``: the local Slurm cluster and job submission.
 
-Thin: each command parses its options and calls one function in ``slurm/``. The Slurm modules
-are imported inside the commands so ``recover --help`` stays fast.
+Thin: each command parses its options and calls one function. Which cluster a command talks
+to is resolved in one place, :mod:`recovery.wiring` (``--slurm-conf``, else ``$SLURM_CONF``,
+else the local cluster). The Slurm modules are imported inside the commands so ``recover
+--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from recovery import wiring
+from recovery.spares import SparePool
+
 app = typer.Typer(help="Start, inspect and stop a real local Slurm cluster.", no_args_is_help=True)
 
 StateDir = Annotated[
@@ -26,12 +31,16 @@ StateDir = Annotated[
     ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+SlurmConf = Annotated[
+    str | None,
+    typer.Option(
+        "--slurm-conf", help="slurm.conf of the cluster [default: $SLURM_CONF, else local cluster]."
+    ),
+]
 
 
 def _state_dir(state_dir: Path | None) -> Path:
-    from slurm.cluster import default_state_dir
-
-    return state_dir.absolute() if state_dir else default_state_dir()
+    return wiring.state_dir(state_dir, os.environ)
 
 
 @app.command()
@@ -42,19 +51,35 @@ def up(
     slurmd_timeout: Annotated[
         int, typer.Option(help="Seconds before a silent slurmd's node goes DOWN.")
     ] = 10,
+    coordinator: Annotated[
+        bool,
+        typer.Option(
+            "--coordinator",
+            help="Also start the coordinator (state in STATE_DIR/../coordinator, tokens "
+            "generated there).",
+        ),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Start munge, slurmctld and one slurmd per node; return once all nodes are idle."""
     from slurm.cluster import LocalCluster
 
-    info = LocalCluster(_state_dir(state_dir), slurmd_timeout_s=slurmd_timeout).up(
-        nodes=nodes, spares=spares
-    )
+    d = _state_dir(state_dir)
+    info = LocalCluster(d, slurmd_timeout_s=slurmd_timeout).up(nodes=nodes, spares=spares)
+    endpoint = wiring.start_coordinator(d, info.conf_path) if coordinator else None
     if as_json:
-        typer.echo(json.dumps(info.to_json(), indent=2))
+        doc = info.to_json()
+        if endpoint is not None:
+            doc["coordinator"] = {"url": endpoint.url, "state_dir": str(endpoint.state_dir)}
+        typer.echo(json.dumps(doc, indent=2))
         return
     verb = "started" if info.started else "already running"
     typer.echo(f"cluster {verb}: nodes {', '.join(info.nodes)}; spares {', '.join(info.spares)}")
+    if endpoint is not None:
+        typer.echo(
+            f"coordinator at {endpoint.url} (state in {endpoint.state_dir}; "
+            f"`recover status --state-dir {shlex.quote(str(endpoint.state_dir))}`)"
+        )
     typer.echo(f"export SLURM_CONF={shlex.quote(str(info.conf_path))}")
 
 
@@ -63,16 +88,19 @@ def down(state_dir: StateDir = None) -> None:
     """Stop every process the cluster started (a no-op when none runs)."""
     from slurm.cluster import LocalCluster
 
-    stopped = LocalCluster(_state_dir(state_dir)).down()
+    d = _state_dir(state_dir)
+    coordinator = wiring.stop_coordinator(d)
+    stopped = ["coordinator"] if coordinator else []
+    stopped += LocalCluster(d).down()
     typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "no cluster was running")
 
 
 @app.command()
-def status(state_dir: StateDir = None, as_json: AsJson = False) -> None:
+def status(
+    slurm_conf: SlurmConf = None, state_dir: StateDir = None, as_json: AsJson = False
+) -> None:
     """Show the cluster's processes and nodes (state, flags, reason)."""
-    from slurm.cluster import LocalCluster
-
-    st = LocalCluster(_state_dir(state_dir)).status()
+    st = wiring.cluster_status(slurm_conf, state_dir, os.environ)
     typer.echo(json.dumps(st.to_json(), indent=2) if as_json else st.render())
     if not st.running:
         raise typer.Exit(1)
@@ -88,24 +116,26 @@ def env(state_dir: StateDir = None) -> None:
 
 
 @app.command()
-def promote(state_dir: StateDir = None) -> None:
+def promote(
+    node: Annotated[
+        str | None, typer.Argument(help="Spare to promote [default: first ready by name].")
+    ] = None,
+    slurm_conf: SlurmConf = None,
+    state_dir: StateDir = None,
+) -> None:
     """Bring one spare into service and print its name."""
-    from slurm.cluster import LocalCluster
-    from slurm.spares import SparePool
-
-    typer.echo(SparePool(LocalCluster(_state_dir(state_dir)).control()).promote())
+    control = wiring.slurm_control(slurm_conf, state_dir, os.environ)
+    typer.echo(SparePool(control).promote(node))
 
 
 @app.command()
 def retire(
     node: Annotated[str, typer.Argument(help="Node to take back into the spare pool.")],
+    slurm_conf: SlurmConf = None,
     state_dir: StateDir = None,
 ) -> None:
     """Take a (repaired) node out of service into the spare pool."""
-    from slurm.cluster import LocalCluster
-    from slurm.spares import SparePool
-
-    changed = SparePool(LocalCluster(_state_dir(state_dir)).control()).retire(node)
+    changed = SparePool(wiring.slurm_control(slurm_conf, state_dir, os.environ)).retire(node)
     typer.echo(f"{node}: {'retired into the pool' if changed else 'already a spare'}")
 
 
@@ -124,9 +154,7 @@ def sbatch(
         int, typer.Option(help="Seconds before the time limit that USR1 is sent.")
     ] = 60,
     job_name: Annotated[str | None, typer.Option(help="Job name [default: recover-train].")] = None,
-    slurm_conf: Annotated[
-        str | None, typer.Option(envvar="SLURM_CONF", help="slurm.conf [default: local cluster].")
-    ] = None,
+    slurm_conf: SlurmConf = None,
     state_dir: StateDir = None,
     print_script: Annotated[
         bool, typer.Option(help="Print the batch script instead of submitting it.")
@@ -134,8 +162,6 @@ def sbatch(
 ) -> None:
     """Submit `-- COMMAND...` as a requeueable job: recover sbatch [sbatch options] -- recover
     train ...; prints the job id."""
-    from slurm.cli_slurm import CliSlurm
-    from slurm.cluster import resolve_conf
     from slurm.sbatch import render_batch_script, submit_training, with_auto_resume
 
     raw: list[str] = ctx.meta.get("recover.raw_args", [])
@@ -144,9 +170,8 @@ def sbatch(
     if print_script:
         typer.echo(render_batch_script(with_auto_resume(command), signal_lead_s=signal_lead))
         return
-    conf = resolve_conf(slurm_conf, _state_dir(state_dir))
     job_id = submit_training(
-        CliSlurm(conf, env=os.environ),
+        wiring.slurm_control(slurm_conf, state_dir, os.environ),
         command,
         sbatch_args=sbatch_args,
         signal_lead_s=signal_lead,

@@ -37,6 +37,8 @@ class Source(StrEnum):
     k8s = "k8s"
     heartbeat = "heartbeat"
     injected = "injected"
+    operator = "operator"
+    """An operator's statement through the coordinator (``recover node repaired``)."""
 
 
 class DriverAction(StrEnum):
@@ -49,6 +51,11 @@ class DriverAction(StrEnum):
     gpu_reset = "gpu-reset"
     node_reboot = "node-reboot"
 
+
+#: The fault code of an operator's "this node is repaired" (source ``operator``).
+REPAIRED = "node-repaired"
+#: The fault code the coordinator gives a node Slurm reports DOWN that no agent reported.
+UNREACHABLE = "node-unreachable"
 
 EventId = Annotated[str, StringConstraints(pattern=EVENT_ID_PATTERN)]
 NodeName = Annotated[str, StringConstraints(pattern=NODE_PATTERN)]

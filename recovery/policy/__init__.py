@@ -27,10 +27,9 @@ from recovery.policy.config import (
 )
 from recovery.policy.decide import DRIVER_VERDICTS, decide
 from recovery.policy.repair import RepairVerdict, advance_repaired, on_repaired
-from recovery.policy.replay import ReplayDifference, replay
+from recovery.policy.replay import ReplayDifference, differences, replay
 from recovery.policy.spares import choose_spare, topology_group
 from recovery.policy.state import (
-    SPARE_REASON,
     ClusterView,
     Failure,
     Incident,
@@ -43,7 +42,6 @@ from recovery.policy.state import (
 
 __all__ = [
     "DRIVER_VERDICTS",
-    "SPARE_REASON",
     "BreakerConfig",
     "BreakerStatus",
     "Catalogue",
@@ -68,6 +66,7 @@ __all__ = [
     "choose_spare",
     "decide",
     "default_catalogue_path",
+    "differences",
     "incident_id",
     "load_catalogue",
     "load_policy_config",

@@ -211,7 +211,7 @@ def _join(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str, inc: Incident)
     upgrade = not spec.follows and verdict.rank > inc.verdict.rank
     if not upgrade:
         return ctx.decision(inc.verdict, why, incident=inc.id)
-    actions = _plan(ctx, spec, verdict, inc.id, escalated=False)
+    actions = _plan(ctx, spec, verdict, escalated=False)
     if takes_out(inc.verdict):
         # The first take-out already asked for a spare (and for the jobs to leave).
         actions = tuple(a for a in actions if not isinstance(a, PromoteSpare | SaveThenRequeue))
@@ -241,7 +241,7 @@ def _open(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str, ns: NodeState)
             why += f"; the node is flapping ({failures} failures in {flap.window_s:g} s): replace"
     inc = incident_id(ctx.event.id)
     escalated = verdict is not base
-    actions = _plan(ctx, spec, verdict, inc, escalated=escalated)
+    actions = _plan(ctx, spec, verdict, escalated=escalated)
     held, why = _breaker(ctx, verdict, why, None)
     return ctx.decision(
         verdict,
@@ -266,12 +266,13 @@ def _breaker(ctx: _Ctx, verdict: Verdict, why: str, inc: Incident | None) -> tup
     return True, f"{why}; held: {reason}"
 
 
-def _plan(
-    ctx: _Ctx, spec: FaultSpec, verdict: Verdict, inc: str, *, escalated: bool
-) -> tuple[Action, ...]:
+def _plan(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, *, escalated: bool) -> tuple[Action, ...]:
     """The actions for ``verdict`` on the event's node."""
     node = ctx.event.node
-    reason = f"{spec.code} {spec.title}{', escalated' if escalated else ''} (incident {inc})"
+    # No incident id in the reason: nodes failing together with the same fault then share one
+    # reason, so the executor takes them out with one Slurm call (`recover status` maps each
+    # node to its incident).
+    reason = f"{spec.code} {spec.title}{', escalated' if escalated else ''}"
     actions: tuple[Action, ...]
     if verdict is Verdict.replace_node or (verdict is Verdict.drain_reset and not spec.can_save):
         # The GPU (or node) is gone: the jobs cannot save, so straight down.

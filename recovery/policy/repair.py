@@ -43,7 +43,7 @@ def on_repaired(
             "there is nothing to return"
         )
     info = view.nodes[node]
-    if info.reason and not info.reason_is_ours:
+    if info.held_by_other:
         who = info.reason_set_by or "unknown user"
         raise UsageError(
             f"node {node} is out with reason {info.reason!r} set by {who}, which is not ours; "

@@ -27,6 +27,18 @@ class ReplayDifference:
     recorded: Decision | None
     replayed: Decision
 
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {
+            "event_id": self.event_id,
+            "node": self.node,
+            "fault": self.fault,
+            "at": self.at,
+            "fields": list(self.fields),
+            "recorded": self.recorded.to_json() if self.recorded else None,
+            "replayed": self.replayed.to_json(),
+        }
+
     def summary(self) -> str:
         """One line for people."""
         if self.recorded is None:
@@ -59,7 +71,7 @@ def replay(
     for event, at, recorded in history:
         now = decide(state, event, view, config, catalogue, at)
         state = advance(state, event, now, at)
-        fields = _differences(recorded, now)
+        fields = differences(recorded, now)
         if fields:
             out.append(
                 ReplayDifference(event.id, event.node, event.fault, at, fields, recorded, now)
@@ -67,7 +79,9 @@ def replay(
     return out
 
 
-def _differences(recorded: Decision | None, replayed: Decision) -> tuple[str, ...]:
+def differences(recorded: Decision | None, replayed: Decision) -> tuple[str, ...]:
+    """What differs between a recorded and a replayed decision (``verdict``, ``actions``,
+    ``held``), or ``("decision",)`` when none was recorded."""
     if recorded is None:
         return ("decision",)
     names = []

@@ -15,10 +15,9 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from recovery.model import Decision, HealthEvent, PromoteSpare, Source, Verdict
-from recovery.ports.slurm import OWNER_PREFIX, NodeInfo
+from recovery.ports.slurm import NodeInfo
+from recovery.spares import is_spare
 
-#: Reason carried by nodes held in the spare pool (the same text as ``slurm.conf``'s).
-SPARE_REASON = f"{OWNER_PREFIX} spare"
 #: Pseudo-partition of nodes that Slurm lists in no partition.
 NO_PARTITION = "(none)"
 #: Failures remembered per node: enough for any escalation or flapping window in practice,
@@ -67,7 +66,7 @@ class ClusterView:
     def is_spare(self, node: str) -> bool:
         """True when ``node`` sits in the spare pool: drained with :data:`SPARE_REASON`."""
         info = self.nodes.get(node)
-        return info is not None and info.drained and info.reason.strip() == SPARE_REASON
+        return info is not None and is_spare(info)
 
     @property
     def spares(self) -> frozenset[str]:

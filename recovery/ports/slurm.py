@@ -56,9 +56,32 @@ def validate_job_id(job_id: str | int) -> str:
     return text
 
 
-def ours(reason: str) -> bool:
-    """True when ``reason`` was written by this toolkit (it starts with :data:`OWNER_PREFIX`)."""
+def is_ours(reason: str) -> bool:
+    """True when ``reason`` was written by this toolkit (it starts with :data:`OWNER_PREFIX`).
+
+    The one ownership predicate: every "may we undo this" question goes through it. An empty
+    reason is not ours (we always write one); see :func:`is_slurms_own` and
+    :attr:`NodeInfo.held_by_other` for what it means otherwise.
+    """
     return reason.strip().startswith(OWNER_PREFIX)
+
+
+#: The name this predicate had first; the same function.
+ours = is_ours
+
+#: Reasons slurmctld writes by itself and undoes by itself: "Not responding" is its mark on a
+#: node whose slurmd went silent (DOWN+NOT_RESPONDING, set by SlurmUser), cleared when slurmd
+#: registers again (ReturnToService=1). Its other reasons ("Kill task failed", "Low
+#: RealMemory", ...) ask for a person's attention and count as someone else's.
+SLURM_OWN_REASONS = frozenset({"Not responding"})
+
+
+def is_slurms_own(reason: str) -> bool:
+    """True when ``reason`` is empty or in :data:`SLURM_OWN_REASONS`: Slurm's own doing, not
+    another owner's mark. Writing ours over it only keeps the node out longer (safe); once
+    ours is there, we may undo it."""
+    text = reason.strip()
+    return not text or text in SLURM_OWN_REASONS
 
 
 def mark(reason: str) -> str:
@@ -68,7 +91,7 @@ def mark(reason: str) -> str:
     which Slurm would store mangled.
     """
     text = reason.strip()
-    if ours(text):
+    if is_ours(text):
         text = text[len(OWNER_PREFIX) :].strip()
     if not text or "\n" in text or '"' in text:
         raise UsageError(f"Invalid reason {reason!r}: one non-empty line without '\"'")
@@ -93,6 +116,8 @@ class NodeInfo:
     partitions: tuple[str, ...] = ()
     features: frozenset[str] = frozenset()
     """Slurm node features (``Features=``), e.g. a rack or NVLink domain name."""
+    reason_changed_at: float = 0.0
+    """When the reason was set (Unix seconds); 0 when unknown or no reason."""
 
     @property
     def down(self) -> bool:
@@ -110,9 +135,33 @@ class NodeInfo:
         return not (self.down or self.drained or "NOT_RESPONDING" in self.flags)
 
     @property
+    def out_of_service(self) -> bool:
+        """The node is DOWN or carries DRAIN: someone (we, an admin, Slurm) took it out."""
+        return self.down or self.drained
+
+    @property
     def reason_is_ours(self) -> bool:
-        """The current reason carries our owner prefix."""
-        return ours(self.reason)
+        """The current reason carries our owner prefix (:func:`is_ours`)."""
+        return is_ours(self.reason)
+
+    @property
+    def held_by_other(self) -> bool:
+        """Held out of service by someone else: DOWN or DRAIN with a reason that is neither
+        ours nor Slurm's own (:func:`is_slurms_own`). We never undo such a node and never
+        overwrite its reason.
+
+        Slurm's own mark is not another owner's: we may write ours over it (the node then
+        stays out until we undo ours) and once ours is there we may undo it.
+        """
+        return self.out_of_service and not self.reason_is_ours and not is_slurms_own(self.reason)
+
+
+def describe_state(node: NodeInfo | None) -> str:
+    """``node``'s state and flags as one word, e.g. ``IDLE+DRAIN+NOT_RESPONDING`` (flags
+    sorted); ``missing`` for None. Used wherever a node's state is shown to a person."""
+    if node is None:
+        return "missing"
+    return "+".join([node.state, *sorted(node.flags)])
 
 
 @dataclass(frozen=True)
@@ -170,6 +219,11 @@ class BatchJob:
 
 class SlurmControl(Protocol):
     """What the toolkit needs from Slurm. Every action is idempotent and marked as ours.
+
+    Ownership: we undo only our own marks (:func:`is_ours`) and never overwrite the reason of
+    a node :attr:`NodeInfo.held_by_other`. Races with Slurm itself: an action Slurm refuses
+    re-reads the node or job and returns False when the state it wanted already holds (a
+    slurmd registering again, a job ending in between); any other refusal is raised.
 
     Failure modes shared by all methods: :class:`recovery.errors.SlurmUnavailableError`
     (transient: slurmctld unreachable or timed out) and

@@ -78,7 +78,7 @@ class FakeNvml:
         self.xids.put((index, xid))
 
     def _gpu(self, handle: Any) -> FakeGpu:
-        gpu = self.gpus[handle.index]
+        gpu: FakeGpu = self.gpus[handle.index]
         if gpu.lost:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         return gpu

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from recovery.errors import UsageError, unknown_choice
-from recovery.model import Decision, HealthEvent, PromoteSpare, TakeDown, Verdict
+from recovery.model import Decision, HealthEvent, PromoteSpare, Source, TakeDown, Verdict
 from recovery.ports.clock import FakeClock
 from recovery.service.app import create_app
 from recovery.service.auth import TokenTable
@@ -147,7 +147,7 @@ def crash_event(i: int) -> HealthEvent:
     return HealthEvent(
         id=f"crash-{i}",
         node=f"n{i % 5}",
-        source="kmsg",
+        source=Source.kmsg,
         fault=f"xid{i % 160}",
         observed_at=1_700_000_000.0 + i,
         count=1 + i % 3,

@@ -9,36 +9,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
+from recovery.spares import SPARE_REASON
 from slurm import procs
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import REQUIRED_PROGRAMS, ClusterInfo, LocalCluster
-from slurm.conf import SPARE_REASON
-
-T = TypeVar("T")
-
-#: How soon (s) slurmctld declares a silent slurmd's node DOWN in the test cluster.
-SLURMD_TIMEOUT_S = 6
-
-
-def wait_for(
-    probe: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.25
-) -> T:
-    """Poll ``probe`` until it returns something truthy; fail the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval_s)
-    pytest.fail(f"timed out after {timeout_s:g} s waiting for {what} (last: {last!r})")
+from tests.slurm.helpers import SLURMD_TIMEOUT_S, wait_for
 
 
 @pytest.fixture(scope="session")

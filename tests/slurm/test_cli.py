@@ -12,7 +12,7 @@ import pytest
 from recovery.cli import main
 from slurm import procs
 from slurm.cluster import REQUIRED_PROGRAMS
-from tests.slurm.test_sbatch_script import GOLDEN, TRAIN
+from tests.slurm.helpers import GOLDEN, TRAIN
 
 
 def test_sbatch_print_script_splits_sbatch_options_from_the_command(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 from pathlib import Path
@@ -9,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import SlurmNotInstalledError, UsageError
-from slurm.cluster import check_installed, default_state_dir, node_names, resolve_conf
+from recovery.ports.slurm import NodeInfo
+from slurm.cluster import (
+    ClusterStatus,
+    check_installed,
+    default_state_dir,
+    node_names,
+    resolve_conf,
+)
 from slurm.conf import ClusterLayout, render_slurm_conf
 from slurm.munge import MungePaths, choose_home, traversable_by
 
@@ -107,3 +115,22 @@ def test_munge_paths_keep_key_and_socket_apart() -> None:
     assert paths.key.parent != paths.socket.parent
     assert paths.key_dir == Path("/s/munge/key")
     assert paths.socket == Path("/s/munge/run/munge.socket")
+
+
+def test_status_json_and_text_carry_every_node_field(tmp_path: Path) -> None:
+    node = NodeInfo(
+        "node1",
+        "IDLE",
+        frozenset({"DRAIN", "NOT_RESPONDING"}),
+        "recover: spare",
+        "root",
+        cpus=2,
+        partitions=("main",),
+        features=frozenset({"rack2", "gpu"}),
+    )
+    status = ClusterStatus(tmp_path, True, tmp_path / "slurm.conf", nodes=(node,))
+    (shown,) = json.loads(json.dumps(status.to_json()))["nodes"]
+    assert shown["flags"] == ["DRAIN", "NOT_RESPONDING"]
+    assert shown["features"] == ["gpu", "rack2"]
+    assert shown["partitions"] == ["main"]
+    assert "node1      IDLE+DRAIN+NOT_RESPONDING recover: spare" in status.render()

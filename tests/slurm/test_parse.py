@@ -41,9 +41,9 @@ def test_sinfo_23_11_list_states_and_wrapped_numbers() -> None:
     nodes = {n.name: n for n in parse_nodes(sample("sinfo-23.11.json"))}
     assert nodes["node1"].in_service
     assert nodes["node1"].state == "IDLE"
-    assert (nodes["node2"].state, nodes["node2"].flags) == ("ALLOCATED", {"DRAIN"})
+    assert (nodes["node2"].state, nodes["node2"].flags) == ("ALLOCATED", frozenset({"DRAIN"}))
     assert nodes["node2"].cpus == 1  # {"set": true, "number": 1}
-    assert (nodes["node3"].state, nodes["node3"].flags) == ("DOWN", {"NOT_RESPONDING"})
+    assert (nodes["node3"].state, nodes["node3"].flags) == ("DOWN", frozenset({"NOT_RESPONDING"}))
     assert nodes["spare1"].drained
     assert nodes["spare1"].reason == "recover: spare"
     assert nodes["node3"].partitions == ("main", "debug")

@@ -5,8 +5,22 @@ from __future__ import annotations
 import pytest
 
 from recovery.errors import SlurmRefusedError, SlurmUnavailableError, UsageError
-from recovery.ports.slurm import JobInfo, NodeInfo, mark, ours, validate_job_id, validate_node_name
-from slurm.cli_slurm import classify_failure, classify_reply_errors
+from recovery.ports.slurm import (
+    JobInfo,
+    NodeInfo,
+    describe_state,
+    is_ours,
+    is_slurms_own,
+    mark,
+    ours,
+    validate_job_id,
+    validate_node_name,
+)
+from slurm.cli_slurm import classify_failure, classify_reply_errors, take_out_reason
+
+DRAIN = frozenset({"DRAIN"})
+NONE: frozenset[str] = frozenset()
+LOST = frozenset({"NOT_RESPONDING", "DRAIN"})
 
 
 @pytest.mark.parametrize("name", ["node1", "spare1", "gpu-a100.rack3_n07", "n"])
@@ -35,8 +49,101 @@ def test_mark_adds_the_owner_prefix_once() -> None:
     assert mark("xid79 on gpu0") == "recover: xid79 on gpu0"
     assert mark("recover: xid79") == "recover: xid79"
     assert mark("  recover:spare ") == "recover: spare"
-    assert ours("recover: spare")
-    assert not ours("maintenance (recover: later)")
+    assert ours is is_ours  # the first name of the one predicate
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("recover: spare", True),
+        ("recover:xid79", True),
+        ("  recover: padded", True),
+        ("", False),
+        ("   ", False),
+        ("Not responding", False),  # Slurm's own, yet not ours: we never undo it
+        ("maintenance (recover: later)", False),
+        ("Recover: capital", False),
+    ],
+)
+def test_is_ours(reason: str, expected: bool) -> None:
+    assert is_ours(reason) is expected
+    assert NodeInfo("n", "IDLE", DRAIN, reason).reason_is_ours is expected
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [("", True), ("  ", True), ("Not responding", True), ("Low RealMemory", False), ("rma", False)],
+)
+def test_is_slurms_own(reason: str, expected: bool) -> None:
+    assert is_slurms_own(reason) is expected
+    assert not is_ours(reason)
+
+
+@pytest.mark.parametrize(
+    ("state", "flags", "reason", "out", "by_other"),
+    [
+        ("IDLE", NONE, "", False, False),
+        ("IDLE", NONE, "stale note", False, False),  # a reason alone holds nothing
+        ("IDLE", frozenset({"NOT_RESPONDING"}), "", False, False),
+        ("IDLE", DRAIN, "recover: xid79", True, False),
+        ("IDLE", DRAIN, "bios update (alice)", True, True),
+        ("IDLE", DRAIN, "", True, False),  # empty: Slurm's doing, not another owner's
+        ("ALLOCATED", DRAIN, "rma", True, True),
+        ("DOWN", NONE, "recover: xid48", True, False),
+        # A silent slurmd: Slurm's own mark (real 22.05: reason "Not responding", set by root).
+        ("DOWN", frozenset({"NOT_RESPONDING"}), "Not responding", True, False),
+        ("DOWN", NONE, "Kill task failed", True, True),  # Slurm asking for a person: theirs
+        ("DOWN", NONE, "", True, False),
+        ("DOWN", NONE, "  ", True, False),
+        ("DOWN", DRAIN, "recover: spare", True, False),
+    ],
+)
+def test_held_by_other(
+    state: str, flags: frozenset[str], reason: str, out: bool, by_other: bool
+) -> None:
+    node = NodeInfo("n", state, flags, reason)
+    assert node.out_of_service is out
+    assert node.held_by_other is by_other
+
+
+@pytest.mark.parametrize(
+    ("node", "text"),
+    [
+        (None, "missing"),
+        (NodeInfo("n", "DOWN", frozenset({"DRAIN"})), "DOWN+DRAIN"),
+        (NodeInfo("n", "IDLE"), "IDLE"),
+        (NodeInfo("n", "IDLE", LOST), "IDLE+DRAIN+NOT_RESPONDING"),
+    ],
+)
+def test_describe_state(node: NodeInfo | None, text: str) -> None:
+    assert describe_state(node) == text
+
+
+OURS = "recover: xid79"
+
+
+@pytest.mark.parametrize(
+    ("node", "state", "write"),
+    [
+        (NodeInfo("n", "IDLE"), "DOWN", OURS),
+        (NodeInfo("n", "IDLE"), "DRAIN", OURS),
+        (NodeInfo("n", "DOWN", NONE, OURS), "DOWN", None),  # holds already
+        (NodeInfo("n", "IDLE", DRAIN, OURS), "DRAIN", None),
+        (NodeInfo("n", "DOWN", NONE, "recover: other"), "DOWN", OURS),  # ours, new reason
+        (NodeInfo("n", "DOWN", NONE, OURS), "DRAIN", OURS),  # DOWN+DRAIN
+        (NodeInfo("n", "DOWN", NONE, ""), "DOWN", OURS),  # empty: we write ours over it
+        (NodeInfo("n", "IDLE", DRAIN, ""), "DRAIN", OURS),
+        (NodeInfo("n", "IDLE", DRAIN, ""), "DOWN", OURS),
+        (NodeInfo("n", "DOWN", frozenset({"NOT_RESPONDING"}), "Not responding"), "DOWN", OURS),
+        (NodeInfo("n", "IDLE", NONE, "stale note"), "DRAIN", OURS),  # in service: not held
+        (NodeInfo("n", "IDLE", DRAIN, "rma"), "DRAIN", None),  # theirs: kept
+        (NodeInfo("n", "DOWN", NONE, "rma"), "DOWN", None),
+        (NodeInfo("n", "DOWN", NONE, "rma"), "DRAIN", None),
+        (NodeInfo("n", "IDLE", DRAIN, "rma"), "DOWN", "rma"),  # DOWN, keeping their reason
+    ],
+)
+def test_take_out_reason(node: NodeInfo, state: str, write: str | None) -> None:
+    assert take_out_reason(node, state, OURS) == write
 
 
 @pytest.mark.parametrize("reason", ["", "   ", "recover:", "two\nlines", 'say "hi"'])

@@ -12,15 +12,9 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import UsageError
-from slurm.sbatch import (
-    PREEMPTED_STATUS,
-    render_batch_script,
-    training_job,
-    with_auto_resume,
-)
-
-GOLDEN = Path(__file__).parent / "golden" / "train.sbatch"
-TRAIN = ["recover", "train", "--run-dir", "/runs/demo 1", "--steps", "100", "--save-every", "10"]
+from recovery.train.preempt import EXIT_PREEMPTED as PREEMPTED_STATUS  # the trainer's status
+from slurm.sbatch import render_batch_script, training_job, with_auto_resume
+from tests.slurm.helpers import GOLDEN, TRAIN
 
 # Saves and exits 75 on USR1 or TERM, like `recover train`; otherwise runs STEPS x 0.1 s.
 STAND_IN = """\
@@ -127,6 +121,27 @@ def test_term_is_forwarded_and_its_status_kept_without_requeue(tmp_path: Path) -
     assert log == ["started", "TERM"]
     assert calls == ""
     assert status == PREEMPTED_STATUS
+
+
+# Signals the batch shell first thing, possibly before that shell learnt its pid ($!).
+SIGNALS_ITS_PARENT = """\
+#!/bin/bash
+trap 'echo TERM >> "$1"; exit 75' TERM
+kill -s TERM "$PPID"
+for i in $(seq 1 300); do sleep 0.1; done
+echo done >> "$1"
+"""
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_signal_before_training_is_known_is_still_forwarded(tmp_path: Path, attempt: int) -> None:
+    stand_in = tmp_path / "train.sh"
+    stand_in.write_text(SIGNALS_ITS_PARENT)
+    log = tmp_path / "train.log"
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_batch_script(["bash", str(stand_in), str(log)], signal_lead_s=60))
+    proc = subprocess.run(["bash", str(script)], timeout=20, check=False)
+    assert (proc.returncode, log.read_text()) == (PREEMPTED_STATUS, "TERM\n")
 
 
 @pytest.mark.parametrize("exit_status", [0, 3])

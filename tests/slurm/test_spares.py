@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from recovery.errors import NoSpareError, ReasonNotOursError
+from recovery.spares import SPARE_REASON, SparePool
 from slurm.cli_slurm import CliSlurm
-from slurm.conf import SPARE_REASON
-from slurm.spares import SparePool
-from tests.slurm.conftest import wait_for
+from tests.slurm.helpers import wait_for
 
 pytestmark = pytest.mark.slurm
 

@@ -13,8 +13,7 @@ import pytest
 
 from slurm.cli_slurm import CliSlurm
 from slurm.sbatch import submit_training
-from tests.slurm.conftest import wait_for
-from tests.slurm.test_adapter import running
+from tests.slurm.helpers import running, wait_for
 
 pytestmark = pytest.mark.slurm
 

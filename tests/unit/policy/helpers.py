@@ -9,7 +9,6 @@ from typing import Any
 
 from recovery.model import Decision, HealthEvent, Source
 from recovery.policy import (
-    SPARE_REASON,
     Catalogue,
     ClusterView,
     PolicyConfig,
@@ -18,6 +17,7 @@ from recovery.policy import (
     decide,
 )
 from recovery.ports.slurm import NodeInfo
+from recovery.spares import SPARE_REASON
 
 #: Receipt times start here (Unix seconds); tests add offsets to it.
 T0 = 1_800_000_000.0

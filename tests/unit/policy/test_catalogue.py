@@ -61,7 +61,7 @@ def test_every_entry_has_its_verdict_and_plan(
         if isinstance(a, TakeDown | Drain):
             assert a.reason.startswith(fault + " ")
             assert '"' not in a.reason
-            assert f"(incident {d.incident})" in a.reason
+            assert "incident" not in a.reason  # shared by nodes failing alike: one Slurm call
 
 
 def test_save_timeout_comes_from_the_settings(run: Run) -> None:

@@ -8,7 +8,7 @@ from types import MappingProxyType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recovery.model import Drain, DriverAction, HealthEvent, Source, TakeDown, Verdict
+from recovery.model import Decision, Drain, DriverAction, HealthEvent, Source, TakeDown, Verdict
 from recovery.model.events import EVENT_ID_PATTERN, FAULT_PATTERN, NODE_PATTERN
 from recovery.policy import (
     BreakerConfig,
@@ -75,8 +75,9 @@ histories = st.lists(st.tuples(events, st.floats(0, 120)), max_size=30, unique_b
 
 def _fold(
     history: list[tuple[HealthEvent, float]], config: PolicyConfig
-) -> tuple[PolicyState, list[object]]:
-    state, now, out = PolicyState.empty(), T0, []
+) -> tuple[PolicyState, list[Decision]]:
+    state, now = PolicyState.empty(), T0
+    out: list[Decision] = []
     for ev, gap in history:
         now += gap
         d = decide(state, ev, VIEW, config, CATALOGUE, now)
@@ -125,5 +126,5 @@ def test_folding_is_deterministic_and_replays_clean(
     for (ev, gap), d in zip(history, decisions1, strict=True):
         now += gap
         recorded.append((ev, now, d))
-    assert replay(recorded, VIEW, config, CATALOGUE) == []  # type: ignore[arg-type]
-    assert rebuild(recorded) == state1  # type: ignore[arg-type]
+    assert replay(recorded, VIEW, config, CATALOGUE) == []
+    assert rebuild(recorded) == state1

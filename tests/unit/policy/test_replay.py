@@ -20,7 +20,12 @@ def _history(
     return out
 
 
-SENDS = [("xid79", "n1", 0), ("xid13", "n2", 1), ("xid79", "n3", 2), ("xid95", "n4", 3)]
+SENDS: list[tuple[str, str, float]] = [
+    ("xid79", "n1", 0),
+    ("xid13", "n2", 1),
+    ("xid79", "n3", 2),
+    ("xid95", "n4", 3),
+]
 
 
 def test_same_policy_replays_identically(run: Run, catalogue: Catalogue) -> None:

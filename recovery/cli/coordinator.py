@@ -1,0 +1,70 @@
+"""``recover coordinator serve`` and ``recover policy replay``. Thin: parse, call one function."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Run the coordinator (events in, Slurm actions out).", no_args_is_help=True)
+policy_app = typer.Typer(help="Inspect the fault policy.", no_args_is_help=True)
+
+
+@app.command()
+def serve(
+    state_dir: Annotated[
+        Path, typer.Option("--state-dir", help="Journal, tokens and endpoint live here.")
+    ] = Path(".state/coordinator"),
+    listen: Annotated[
+        str, typer.Option(help="HOST:PORT to listen on (port 0: a free one).")
+    ] = "127.0.0.1:8470",
+    slurm_conf: Annotated[
+        str | None,
+        typer.Option(envvar="SLURM_CONF", help="slurm.conf [default: the local cluster]."),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="Policy file (YAML): overrides, windows, breaker, spares.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Decide and record, but apply no action.")
+    ] = False,
+    tick: Annotated[float, typer.Option(help="Seconds between Slurm reconcile polls.")] = 0.5,
+) -> None:
+    """Serve the intake API and act on health events until SIGTERM/SIGINT."""
+    from recovery.service.main import ServeOptions, run_coordinator
+
+    run_coordinator(
+        ServeOptions(
+            state_dir=state_dir,
+            listen=listen,
+            slurm_conf=slurm_conf,
+            config=config,
+            dry_run=dry_run,
+            tick_s=tick,
+        )
+    )
+
+
+@policy_app.command("replay")
+def replay(
+    journal: Annotated[Path, typer.Argument(help="A coordinator's journal.sqlite.")],
+    config: Annotated[
+        Path | None, typer.Option(help="The policy file to re-decide under [default: built-in].")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Re-decide a recorded event history under another policy; print what would differ.
+    Applies no action."""
+    from recovery.service.replay import replay_journal
+
+    diffs = replay_journal(journal, config)
+    if as_json:
+        typer.echo(json.dumps([d.to_json() for d in diffs], indent=2))
+    elif not diffs:
+        typer.echo("no difference: every event would be decided the same way")
+    else:
+        for d in diffs:
+            typer.echo(d.summary())
+        typer.echo(f"{len(diffs)} decision(s) would differ")

@@ -1,0 +1,104 @@
+"""The policy with its state: what the engine asks of :mod:`recovery.policy`.
+
+The policy is pure (state in, decision out); this holds the current :class:`PolicyState` and
+advances it as the engine records decisions. Operator statements travel as events too (a
+``node-repaired`` event from source ``operator``), so folding the journal's history rebuilds
+exactly the state the coordinator had; breaker resets are applied at their recorded times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from recovery.model import Decision, HealthEvent, Verdict
+from recovery.model.events import REPAIRED
+from recovery.policy import (
+    Catalogue,
+    ClusterView,
+    PolicyConfig,
+    PolicyState,
+    RepairVerdict,
+    advance,
+    advance_repaired,
+    breaker_reset,
+    breaker_status,
+    choose_spare,
+    decide,
+    incident_id,
+    on_repaired,
+)
+from recovery.ports.slurm import NodeInfo
+
+
+class Rules:
+    """Decides with the catalogue and config, remembering what it decided."""
+
+    def __init__(self, config: PolicyConfig, catalogue: Catalogue) -> None:
+        self.config = config
+        self.catalogue = catalogue
+        self.state = PolicyState.empty()
+
+    @property
+    def hold_max_age_s(self) -> float:
+        """Held actions older than this (seconds) expire instead of being replayed."""
+        return self.config.breaker.hold_max_age_s
+
+    @property
+    def version(self) -> str:
+        return f"{self.catalogue.version}+{self.config.fingerprint()}"
+
+    def decide(self, event: HealthEvent, nodes: Sequence[NodeInfo], now: float) -> Decision:
+        """The decision for ``event`` received at ``now`` (Unix seconds). Pure: no state change."""
+        view = ClusterView.from_nodes(nodes)
+        if event.fault == REPAIRED:
+            return self._repair_decision(event, view, now)
+        return decide(self.state, event, view, self.config, self.catalogue, now)
+
+    def record(self, event: HealthEvent, decision: Decision, now: float) -> None:
+        """Advance the state by a decision that was recorded."""
+        if event.fault == REPAIRED:
+            verdict = RepairVerdict(
+                node=event.node,
+                returned=bool(decision.actions),
+                actions=decision.actions,
+                why=decision.why,
+                incident=decision.incident,
+            )
+            self.state = advance_repaired(self.state, verdict, now)
+            return
+        self.state = advance(self.state, event, decision, now)
+
+    def _repair_decision(self, event: HealthEvent, view: ClusterView, now: float) -> Decision:
+        verdict = on_repaired(self.state, event.node, view, self.config, now)
+        incident = verdict.incident or incident_id(event.id)
+        return Decision(
+            event_id=event.id,
+            node=event.node,
+            fault=event.fault,
+            verdict=Verdict.ignore,
+            actions=verdict.actions,
+            incident=incident,
+            opens=verdict.incident is None,
+            why=verdict.why,
+            policy_version=self.version,
+        )
+
+    def refuse_repair(self, node: str, nodes: Sequence[NodeInfo], now: float) -> str | None:
+        """Why ``node`` cannot go back to the pool now (flapping), or None when it can.
+        Raises UsageError for an unknown node or one we did not take out."""
+        verdict = on_repaired(self.state, node, ClusterView.from_nodes(nodes), self.config, now)
+        return None if verdict.returned else verdict.why
+
+    def breaker_status(self, nodes: Sequence[NodeInfo], now: float) -> dict[str, Any]:
+        """The breaker's window, limits and what it holds, JSON-ready."""
+        view = ClusterView.from_nodes(nodes)
+        return breaker_status(self.state, view, self.config, now).to_json()
+
+    def breaker_reset(self, now: float) -> None:
+        """Start the breaker's window afresh at ``now``; held take-outs young enough count now."""
+        self.state = breaker_reset(self.state, now, self.config)
+
+    def choose_spare(self, ready: Sequence[NodeInfo], failed: str) -> NodeInfo | None:
+        """The spare to promote in place of ``failed`` (same topology group first)."""
+        return choose_spare(ready, failed, self.config)

@@ -1,0 +1,109 @@
+"""The coordinator's start-up: read the config, build the adapters, hand them to the core,
+serve the API. The one place that knows every part of the coordinator.
+
+State dir layout (created on first start)::
+
+    STATE_DIR/journal.sqlite     the incident journal (SQLite, WAL)
+    STATE_DIR/tokens             bearer tokens: one admin, one per node (mode 0600)
+    STATE_DIR/coordinator.json   where it listens and its pid, while it runs
+    STATE_DIR/coordinator.log    its log when started in the background
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from recovery.coordinator.engine import Engine, EngineSettings
+from recovery.coordinator.executor import ExecutorSettings
+from recovery.coordinator.rules import Rules
+from recovery.errors import UsageError
+from recovery.policy import load_catalogue, load_policy_config
+from recovery.ports.clock import SystemClock
+from recovery.service.app import create_app
+from recovery.service.auth import generate_tokens, load_tokens
+from recovery.service.journal import SqliteJournal
+from recovery.service.process import (
+    ENDPOINT_FILE,
+    JOURNAL_FILE,
+    TOKENS_FILE,
+    write_endpoint,
+)
+from recovery.service.server import free_port, serve
+from recovery.wiring import slurm_control
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """``recover coordinator serve`` options."""
+
+    state_dir: Path
+    listen: str = "127.0.0.1:8470"
+    """``HOST:PORT``; port 0 picks a free one (recorded in coordinator.json)."""
+    slurm_conf: str | None = None
+    config: Path | None = None
+    dry_run: bool = False
+    tick_s: float = 0.5
+    """Seconds between reconcile ticks (Slurm is polled once per tick)."""
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port). Raises UsageError naming the expected form."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"Invalid --listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8470")
+    return host, int(port)
+
+
+def run_coordinator(
+    opts: ServeOptions,
+    *,
+    env: Mapping[str, str] | None = None,
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+) -> None:
+    """Serve until SIGTERM/SIGINT. Raises UsageError for bad options or files (tokens, policy
+    config, no Slurm configured), JournalError when the journal cannot be opened."""
+    env = os.environ if env is None else env
+    host, port = parse_listen(opts.listen)
+    port = port or free_port(host)
+    d = opts.state_dir.absolute()
+    d.mkdir(parents=True, exist_ok=True)
+    catalogue = load_catalogue()
+    config = load_policy_config(opts.config, catalogue=catalogue)
+    slurm = slurm_control(opts.slurm_conf, None, env)
+    tokens_path = d / TOKENS_FILE
+    if tokens_path.exists():
+        tokens = load_tokens(tokens_path)
+    else:
+        tokens = generate_tokens(tokens_path, [n.name for n in slurm.nodes()])
+        log(f"coordinator: generated tokens for {len(tokens.nodes())} nodes in {tokens_path}")
+    clock = SystemClock()
+    journal = SqliteJournal(d / JOURNAL_FILE, clock)
+    dry_run = opts.dry_run or config.dry_run
+    engine = Engine(
+        journal=journal,
+        slurm=slurm,
+        clock=clock,
+        rules=Rules(config, catalogue),
+        settings=EngineSettings(tick_s=opts.tick_s, executor=ExecutorSettings(dry_run=dry_run)),
+        log=log,
+    )
+    app = create_app(journal=journal, tokens=tokens, coordinator=engine, clock=clock)
+    engine.start()
+    url = f"http://{host}:{port}"
+    write_endpoint(d, url, os.getpid())
+    mode = " (DRY RUN: decisions only)" if dry_run else ""
+    log(
+        f"coordinator: serving {url}, journal {d / JOURNAL_FILE}, "
+        f"policy {engine.rules.version}{mode}"
+    )
+    try:
+        serve(app, host, port, log_level="warning")
+    finally:
+        engine.stop()
+        journal.close()
+        (d / ENDPOINT_FILE).unlink(missing_ok=True)
+        log("coordinator: stopped")

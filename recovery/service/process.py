@@ -1,0 +1,177 @@
+"""The coordinator as a background process: start it, find it, stop it, by pid.
+
+``recover cluster up --coordinator``, the test fixtures and the demo all start it the same way:
+``python -m recovery coordinator serve --state-dir DIR ...`` in its own session, its output in
+``DIR/coordinator.log``. The serving process writes ``DIR/coordinator.json`` (url, pid) once it
+listens; :func:`start` waits for ``/healthz`` to answer before it returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from recovery.errors import CoordinatorUnavailableError, RecoverError
+from recovery.fsutil import atomic_write
+
+#: Written by a serving coordinator into its state dir.
+ENDPOINT_FILE = "coordinator.json"
+TOKENS_FILE = "tokens"
+JOURNAL_FILE = "journal.sqlite"
+LOG_FILE = "coordinator.log"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a coordinator listens and which process serves it."""
+
+    url: str
+    pid: int
+    state_dir: Path
+
+    @property
+    def tokens_path(self) -> Path:
+        return self.state_dir / TOKENS_FILE
+
+
+def write_endpoint(state_dir: Path, url: str, pid: int) -> None:
+    """Record where this coordinator listens (atomically, so readers never see half)."""
+    atomic_write(state_dir / ENDPOINT_FILE, (json.dumps({"url": url, "pid": pid}) + "\n").encode())
+
+
+def read_endpoint(state_dir: Path) -> Endpoint | None:
+    """The endpoint a coordinator recorded in ``state_dir``, or None when none did."""
+    try:
+        raw = json.loads((state_dir / ENDPOINT_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise RecoverError(f"cannot read {state_dir / ENDPOINT_FILE}: {e}") from e
+    return Endpoint(str(raw["url"]), int(raw["pid"]), state_dir)
+
+
+def alive(pid: int) -> bool:
+    """True when ``pid`` runs (and is not a zombie of ours)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    if state in ("Z", "X"):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        return False
+    return True
+
+
+def healthy(url: str, timeout_s: float = 1.0) -> bool:
+    """True when ``GET url/healthz`` answers 200."""
+    try:
+        return httpx.get(f"{url}/healthz", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def start(
+    state_dir: Path,
+    *,
+    slurm_conf: Path,
+    listen: str = "127.0.0.1:0",
+    config: Path | None = None,
+    dry_run: bool = False,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Endpoint:
+    """Start ``recover coordinator serve`` in the background and return once it is healthy.
+
+    A no-op returning the running one when a healthy coordinator is recorded in ``state_dir``.
+    Raises CoordinatorUnavailableError with the log's tail when it exits or does not answer
+    within ``timeout_s`` seconds.
+    """
+    state_dir.mkdir(parents=True, exist_ok=True)
+    current = read_endpoint(state_dir)
+    if current is not None and alive(current.pid) and healthy(current.url):
+        return current
+    (state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+    argv = [
+        sys.executable, "-m", "recovery", "coordinator", "serve",
+        "--state-dir", str(state_dir), "--listen", listen, "--slurm-conf", str(slurm_conf),
+    ]  # fmt: skip
+    if config is not None:
+        argv += ["--config", str(config)]
+    if dry_run:
+        argv.append("--dry-run")
+    argv += list(extra_args)
+    log = os.open(state_dir / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        pid = os.posix_spawn(
+            sys.executable,
+            argv,
+            dict(os.environ if env is None else env),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, log, 1),
+                (os.POSIX_SPAWN_DUP2, log, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(log)
+    deadline = clock() + timeout_s
+    while clock() < deadline:
+        if not alive(pid):
+            raise CoordinatorUnavailableError(
+                f"the coordinator exited at start;\n{log_tail(state_dir)}"
+            )
+        ep = read_endpoint(state_dir)
+        if ep is not None and ep.pid == pid and healthy(ep.url):
+            return ep
+        sleep(0.1)
+    stop(state_dir)
+    raise CoordinatorUnavailableError(
+        f"the coordinator did not answer within {timeout_s:g} s;\n{log_tail(state_dir)}"
+    )
+
+
+def stop(
+    state_dir: Path, *, grace_s: float = 10.0, sleep: Callable[[float], None] = time.sleep
+) -> bool:
+    """SIGTERM the coordinator recorded in ``state_dir`` (SIGKILL after ``grace_s`` seconds).
+    Returns False when none was running."""
+    ep = read_endpoint(state_dir)
+    if ep is None or not alive(ep.pid):
+        (state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(ep.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and alive(ep.pid):
+        sleep(0.05)
+    if alive(ep.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(ep.pid, signal.SIGKILL)
+        while alive(ep.pid):
+            sleep(0.05)
+    (state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+    return True
+
+
+def log_tail(state_dir: Path, lines: int = 15) -> str:
+    """The last lines of the coordinator's log (for error messages)."""
+    try:
+        text = (state_dir / LOG_FILE).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])

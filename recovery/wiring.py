@@ -1,0 +1,84 @@
+"""The composition root's builders: the one place that turns options and the environment into
+adapters for the core's ports.
+
+Every command that talks to Slurm (``recover cluster status/promote/retire``, ``recover
+sbatch``, later the coordinator's start-up) finds its cluster here, the same way: an explicit
+``--slurm-conf``, else ``$SLURM_CONF``, else the local cluster recorded in the state dir. The
+environment comes in as a parameter, so tests control it. Adapters are imported inside the
+functions so that importing this module (and ``recover --help``) stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from recovery.ports.slurm import SlurmControl
+
+if TYPE_CHECKING:
+    from recovery.service.process import Endpoint
+    from slurm.cluster import ClusterStatus
+
+
+def state_dir(explicit: Path | None, env: Mapping[str, str]) -> Path:
+    """The local cluster's state dir: ``explicit`` (``--state-dir``) when given, else
+    ``$RECOVER_STATE_DIR/slurm``, else ``./.state/slurm``; always absolute."""
+    from slurm.cluster import default_state_dir
+
+    return explicit.absolute() if explicit else default_state_dir(dict(env))
+
+
+def slurm_conf(explicit: str | None, state: Path | None, env: Mapping[str, str]) -> Path:
+    """The slurm.conf to use: ``explicit`` (``--slurm-conf``), else ``$SLURM_CONF`` from
+    ``env``, else the conf of the local cluster recorded in ``state`` (see :func:`state_dir`).
+
+    Raises UsageError saying how to provide one when there is none.
+    """
+    from slurm.cluster import resolve_conf
+
+    return resolve_conf(explicit or env.get("SLURM_CONF") or None, state_dir(state, env))
+
+
+def slurm_control(explicit: str | None, state: Path | None, env: Mapping[str, str]) -> SlurmControl:
+    """The SlurmControl adapter for the cluster :func:`slurm_conf` resolves; its commands run
+    with ``env`` (plus ``SLURM_CONF``). Raises UsageError when no cluster is configured."""
+    from slurm.cli_slurm import CliSlurm
+
+    return CliSlurm(slurm_conf(explicit, state, env), env=env)
+
+
+def cluster_status(
+    explicit: str | None, state: Path | None, env: Mapping[str, str]
+) -> ClusterStatus:
+    """What ``recover cluster status`` shows: the local cluster (its processes and nodes)
+    unless ``--slurm-conf``/``$SLURM_CONF`` names another cluster's conf, whose nodes are
+    shown alone (we started no process there)."""
+    from slurm.cluster import LocalCluster, conf_status
+
+    local = LocalCluster(state_dir(state, env))
+    other = explicit or env.get("SLURM_CONF")
+    if not other or Path(other).absolute() == local.conf_path:
+        return local.status()
+    return conf_status(Path(other).absolute(), env=env)
+
+
+def coordinator_dir(cluster_state: Path) -> Path:
+    """Where the local cluster's coordinator keeps its state: beside the cluster's state dir
+    (``.state/slurm`` -> ``.state/coordinator``, the operator verbs' default)."""
+    return cluster_state.parent / "coordinator"
+
+
+def start_coordinator(cluster_state: Path, conf: Path) -> Endpoint:
+    """Start the coordinator for the local cluster in the background (a no-op when one runs);
+    returns where it listens. Raises CoordinatorUnavailableError with its log when it fails."""
+    from recovery.service import process
+
+    return process.start(coordinator_dir(cluster_state), slurm_conf=conf)
+
+
+def stop_coordinator(cluster_state: Path) -> bool:
+    """Stop the local cluster's coordinator; False when none ran."""
+    from recovery.service import process
+
+    return process.stop(coordinator_dir(cluster_state))

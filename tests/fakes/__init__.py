@@ -1,0 +1,1 @@
+"""Fakes of our own ports, for unit tests of pure logic and for benchmarks."""

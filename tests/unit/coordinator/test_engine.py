@@ -1,0 +1,139 @@
+"""The engine end to end on a FakeSlurm and a real SQLite journal: decisions become Slurm
+actions, each recorded with its outcome and the incident's phases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recovery.errors import UsageError
+from recovery.policy import BreakerConfig, PolicyConfig
+from recovery.ports.journal import ActionStatus, IncidentStatus
+from tests.fakes.slurm import FakeSlurm
+
+from .helpers import Rig, event
+
+NODES = ["n1", "n2", "n3", "n4"]
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    return Rig(tmp_path / "journal.sqlite", FakeSlurm(NODES, ["s1"]))
+
+
+def test_xid79_takes_the_node_down_requeues_and_promotes_a_spare(rig: Rig) -> None:
+    job = rig.slurm.run_job(NODES)
+    rig.send(event("n2", "xid79"))
+    assert rig.slurm.updates() == [
+        ("down", "n2", "recover: xid79 GPU has fallen off the bus"),
+        ("resume", "s1"),
+    ]
+    inc = rig.incident("n2")
+    assert (inc.verdict, inc.jobs, inc.info["spare"]) == ("replace", (job,), "s1")
+    assert [a.status for a in inc.actions] == [ActionStatus.done, ActionStatus.done]
+    # Slurm requeued the job (down does that for --requeue jobs); it runs again elsewhere.
+    rig.engine.step()
+    assert "jobs-requeued" in rig.phases("n2")
+    assert rig.incident("n2").status is IncidentStatus.open
+    rig.slurm.start_job(job, ["n1", "n3", "n4", "s1"])
+    rig.engine.step()
+    assert rig.phases("n2") == [
+        "fault",
+        "received",
+        "decided",
+        "node-down",
+        "spare-promoted",
+        "jobs-requeued",
+        "job-running",
+        "closed",
+    ]
+    assert rig.incident("n2").status is IncidentStatus.closed
+
+
+def test_nodes_failing_alike_go_down_in_one_slurm_call(tmp_path: Path) -> None:
+    nodes = [f"n{i}" for i in range(1, 21)]
+    config = PolicyConfig(breaker=BreakerConfig(max_nodes=100, max_fraction=1.0))
+    rig = Rig(tmp_path / "j.sqlite", FakeSlurm(nodes), config=config)
+    rig.send(*(event(n, "xid79") for n in nodes[:8]))
+    downs = [c for c in rig.slurm.updates() if c[0] == "down"]
+    assert downs == [
+        ("down", ",".join(sorted(nodes[:8])), "recover: xid79 GPU has fallen off the bus")
+    ]
+    # Each incident records the empty pool once and waits for a spare.
+    inc = rig.incident("n3")
+    assert [a.status for a in inc.actions] == [ActionStatus.done, ActionStatus.waiting]
+    assert "no-spare" in rig.phases("n3")
+
+
+def test_xid94_requeues_the_job_and_keeps_the_node(rig: Rig) -> None:
+    job = rig.slurm.run_job(["n1"])
+    rig.send(event("n1", "xid94"))
+    assert rig.slurm.updates() == [("requeue", job)]
+    assert rig.slurm.node("n1").in_service
+    assert "jobs-requeued" in rig.phases("n1")
+
+
+def test_drain_reset_saves_first_then_requeues_at_the_deadline(rig: Rig) -> None:
+    job = rig.slurm.run_job(["n1", "n2"])
+    rig.send(event("n1", "xid95"))
+    assert rig.slurm.updates()[:2] == [
+        ("drain", "n1", "recover: xid95 Uncontained ECC error"),
+        ("signal", job, "USR1"),
+    ]
+    save = next(a for a in rig.incident("n1").actions if a.action.kind == "save-requeue")
+    assert save.status is ActionStatus.waiting
+    rig.engine.step()
+    assert ("requeue", job) not in rig.slurm.updates()  # still within the save timeout
+    rig.clock.advance(61)
+    rig.engine.step()
+    assert ("requeue", job) in rig.slurm.updates()
+    assert "save-timeout" in rig.phases("n1")
+
+
+def test_drain_reset_done_when_the_job_saved_and_left(rig: Rig) -> None:
+    job = rig.slurm.run_job(["n1", "n2"])
+    rig.send(event("n1", "xid95"))
+    # Training answered USR1: it saved, exited 75, and the wrapper requeued it.
+    rig.slurm.requeue(job)
+    rig.engine.step()
+    assert "jobs-saved" in rig.phases("n1")
+    assert [c for c in rig.slurm.updates() if c[0] == "requeue"] == [("requeue", job)]
+
+
+def test_empty_pool_waits_and_promotes_once_a_spare_is_retired(rig: Rig) -> None:
+    rig.send(event("n1", "xid79"))
+    rig.send(event("n2", "xid79"))  # takes the only spare's place? no: s1 went to n1
+    second = rig.incident("n2")
+    assert second.actions[-1].status is ActionStatus.waiting
+    rig.engine.repaired("n1")  # n1 goes back into the pool as a spare
+    rig.engine.step()
+    assert rig.incident("n2").info["spare"] == "n1"
+    assert rig.incident("n2").actions[-1].status is ActionStatus.done
+
+
+def test_dry_run_records_decisions_and_applies_nothing(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "j.sqlite", FakeSlurm(NODES, ["s1"]), dry_run=True)
+    rig.send(event("n1", "xid79"))
+    assert rig.slurm.updates() == []
+    assert {a.status for a in rig.incident("n1").actions} == {ActionStatus.skipped}
+
+
+def test_repair_of_a_node_we_did_not_take_out_is_refused(rig: Rig) -> None:
+    rig.engine.step()
+    with pytest.raises(UsageError, match="not taken out by recover"):
+        rig.engine.repaired("n1")
+    with pytest.raises(UsageError, match="Known: n1, n2"):
+        rig.engine.repaired("nope")
+
+
+def test_transient_errors_are_retried_then_the_action_completes(rig: Rig) -> None:
+    rig.engine.step()
+    rig.slurm.unavailable = 2  # the two attempts of the first tick fail
+    rig.send(event("n1", "xid79"), step=False)
+    rig.engine.decide_pending()
+    rig.engine.executor.run_pending()
+    down = rig.incident("n1").actions[0]
+    assert (down.status, down.attempts) == (ActionStatus.planned, 1)
+    rig.engine.step()
+    assert rig.incident("n1").actions[0].status is ActionStatus.done
