@@ -9,91 +9,19 @@ Register with ``inject.register(app)`` in :mod:`recovery.cli`.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 
-from recovery.errors import AuthError, CoordinatorUnavailableError, RecoverError, UsageError
-
-#: Where a state dir keeps the coordinator's tokens file (``--state-dir``).
-TOKENS_NAME = "tokens"
-START_HINT = "start one with `recover coordinator serve`, or point at it with --coordinator URL"
-
-
-@dataclass(frozen=True)
-class _Http:
-    """The few requests inject makes (until recovery.service.client is on main: then use it)."""
-
-    url: str
-    token: str
-    timeout_s: float = 30.0
-
-    def call(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
-        try:
-            r = httpx.request(
-                method,
-                f"{self.url}{path}",
-                json=body,
-                headers={"Authorization": f"Bearer {self.token}"},
-                timeout=timeout_s or self.timeout_s,
-            )
-        except httpx.TransportError as e:
-            raise CoordinatorUnavailableError(
-                f"the coordinator at {self.url} does not answer ({e}); {START_HINT}"
-            ) from e
-        try:
-            doc = r.json()
-        except ValueError:
-            doc = {"detail": r.text[:500]}
-        detail = doc.get("detail", doc) if isinstance(doc, dict) else doc
-        if r.status_code in (401, 403):
-            raise AuthError(f"{method} {path}: {r.status_code} {detail}")
-        if r.status_code in (400, 404, 409, 422):
-            raise UsageError(detail if isinstance(detail, str) else json.dumps(detail))
-        if r.status_code >= 300:
-            raise RecoverError(f"{method} {path}: {r.status_code} {detail}")
-        return doc
-
-
-def locate(
-    url: str | None,
-    token_file: Path | None,
-    state_dir: Path | None,
-    env: dict[str, str] | None = None,
-) -> tuple[str, str]:
-    """(coordinator URL, admin token) from the options, else ``$RECOVER_COORDINATOR`` /
-    ``$RECOVER_TOKEN_FILE``, else ``<state dir>/tokens``. Raises UsageError saying what to give.
-    """
-    env = dict(os.environ) if env is None else env
-    url = url or env.get("RECOVER_COORDINATOR")
-    if not url:
-        raise UsageError(f"no coordinator given: pass --coordinator URL; {START_HINT}")
-    path = token_file or (
-        Path(env["RECOVER_TOKEN_FILE"]) if env.get("RECOVER_TOKEN_FILE") else None
-    )
-    if path is None and state_dir is not None:
-        path = state_dir / TOKENS_NAME
-    if path is None:
-        raise UsageError("no tokens file given: pass --token-file FILE (the coordinator's)")
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise UsageError(f"cannot read the tokens file {path}: {e}") from e
-    for line in lines:
-        words = line.split()
-        if len(words) == 2 and words[0] == "admin":
-            return url.rstrip("/"), words[1]
-    raise UsageError(f"no admin token in {path} (expected a line 'admin TOKEN')")
+from recovery.errors import RecoverError, UsageError
+from recovery.service.client import Client
 
 
 def inject(
-    http: _Http,
+    client: Client,
     *,
     fault: str,
     node: str,
@@ -109,22 +37,22 @@ def inject(
     (``event_id``, ``command``, ...), with ``decision`` added when ``wait``.
 
     Raises UsageError (unknown fault or node, agent not connected: the message says which and
-    what is valid), AuthError, CoordinatorUnavailableError, RecoverError when ``wait`` sees no
-    decision within ``wait_timeout_s`` seconds.
+    what is valid), AuthError, CoordinatorUnavailableError, RecoverError when the agent did not
+    carry it out in time or ``wait`` sees no decision within ``wait_timeout_s`` seconds.
     """
     if via not in ("agent", "kmsg"):
         raise UsageError(f"Unknown path {via!r}. Known: agent, kmsg")
     body = {"fault": fault, "node": node, "gpu": gpu, "via": via}
-    reply: dict[str, Any] = http.call("POST", "/v1/inject", body)
+    reply: dict[str, Any] = client.post("/v1/inject", body)
     if wait:
         reply["decision"] = wait_decision(
-            http, reply.get("event_id"), wait_timeout_s, poll_s, sleep, monotonic
+            client, reply.get("event_id"), wait_timeout_s, poll_s, sleep, monotonic
         )
     return reply
 
 
 def wait_decision(
-    http: _Http,
+    client: Client,
     event_id: str | None,
     timeout_s: float,
     poll_s: float,
@@ -140,7 +68,7 @@ def wait_decision(
     deadline = monotonic() + timeout_s
     stored = False
     while True:
-        doc = http.call("GET", f"/v1/events/{event_id}/decision")
+        doc = client.get(f"/v1/events/{event_id}/decision")
         stored = bool(doc.get("stored"))
         if doc.get("decision") is not None:
             decision: dict[str, Any] = doc["decision"]
@@ -191,9 +119,8 @@ def register(app: typer.Typer) -> None:
         state_dir: Annotated[Path | None, typer.Option(help="The coordinator's state.")] = None,
     ) -> None:
         """Make NODE's agent detect FAULT as if it happened, through its real detection path."""
-        url, token = locate(coordinator, token_file, state_dir)
         reply = inject(
-            _Http(url, token), fault=fault, node=node, gpu=gpu, via=via, wait=wait,
-            wait_timeout_s=timeout,
+            Client.locate(coordinator, token_file, state_dir), fault=fault, node=node, gpu=gpu,
+            via=via, wait=wait, wait_timeout_s=timeout,
         )  # fmt: skip
         typer.echo(json.dumps(reply, indent=2) if as_json else render(reply))

@@ -7,16 +7,16 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from recovery.cli.inject import _Http, inject, locate, register, render
+from recovery.cli.inject import inject, register, render
 from recovery.errors import AuthError, UsageError
 from recovery.model import Source
+from recovery.service.client import Client
 from tests.agents.helpers import wait_for
 from tests.agents.live import AgentProcess, LiveCoordinator, wait_connected
 from tests.service.helpers import replace_decision
@@ -24,8 +24,8 @@ from tests.service.helpers import replace_decision
 Start = Callable[..., AgentProcess]
 
 
-def admin(live: LiveCoordinator) -> _Http:
-    return _Http(*locate(live.url, live.tokens_file, None))
+def admin(live: LiveCoordinator) -> Client:
+    return Client.locate(live.url, live.tokens_file, None)
 
 
 def test_injected_xid79_via_the_agent_pipeline_reaches_journal_and_engine(
@@ -117,9 +117,9 @@ def test_refused_injections_record_nothing(
 
 def test_inject_needs_the_admin_token(live: LiveCoordinator) -> None:
     with pytest.raises(AuthError, match="403"):
-        inject(_Http(live.url, live.node_tokens["n1"]), fault="xid79", node="n1")
+        inject(Client(live.url, live.node_tokens["n1"]), fault="xid79", node="n1")
     with pytest.raises(AuthError, match="401"):
-        inject(_Http(live.url, "x" * 20), fault="xid79", node="n1")
+        inject(Client(live.url, "x" * 20), fault="xid79", node="n1")
     assert live.stored_ids() == []
 
 
@@ -153,13 +153,3 @@ def test_the_typer_command_prints_the_event_id(live: LiveCoordinator, agents: St
     assert result.exit_code == 0, result.output
     eid = json.loads(result.output)["event_id"]
     wait_for(lambda: eid in live.stored_ids(), f"{eid} in the journal")
-
-
-def test_locate_says_what_to_give(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="pass --coordinator URL"):
-        locate(None, None, None, env={})
-    with pytest.raises(UsageError, match="pass --token-file"):
-        locate("http://x", None, None, env={})
-    (tmp_path / "tokens").write_text("node n1 " + "1" * 20 + "\n")
-    with pytest.raises(UsageError, match="no admin token"):
-        locate("http://x", None, tmp_path, env={})
