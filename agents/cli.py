@@ -160,6 +160,7 @@ def agent_config(
     dedup_window_s: float = 30.0,
     heartbeat_s: float = 5.0,
     kmsg_interval_s: float = 0.05,
+    kmsg_from: str = "auto",
 ) -> AgentConfig:
     """The agent's settings from ``recover agent run``'s options. Raises UsageError naming
     what is valid (sources, bus ids, the token file's form)."""
@@ -185,6 +186,7 @@ def agent_config(
         buses=buses,
         dedup_window_s=dedup_window_s,
         heartbeat_s=heartbeat_s,
+        kmsg_from=kmsg_from,
     )
 
 
@@ -215,6 +217,10 @@ def run_cmd(
     dedup_window: Annotated[float, typer.Option(help="Fold repeats within S seconds.")] = 30.0,
     heartbeat: Annotated[float, typer.Option(help="Heartbeat every S seconds.")] = 5.0,
     kmsg_interval: Annotated[float, typer.Option(help="Read the kernel log every S s.")] = 0.05,
+    kmsg_from: Annotated[
+        str,
+        typer.Option(help="auto (end on the first start, start later), start or end."),
+    ] = "auto",
 ) -> None:
     """Run the node agent until SIGTERM: detect, spool, deliver, heartbeat, obey commands."""
     config = agent_config(
@@ -229,6 +235,7 @@ def run_cmd(
         dedup_window_s=dedup_window,
         heartbeat_s=heartbeat,
         kmsg_interval_s=kmsg_interval,
+        kmsg_from=kmsg_from,
     )
     run_agent(Agent(config, log=_log))
 

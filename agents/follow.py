@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from agents.kmsg import kernel_bus_id, parse_line, to_event
+from agents.kmsg import KernelFault, kernel_bus_id, parse_line, to_event
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock
 
@@ -58,6 +58,10 @@ class KmsgFollower:
     from_start: bool = False
     log: Log = print
     agent_version: str = ""
+    skip_before: float | None = None
+    """Ignore fault lines whose kernel timestamp (seconds since boot) is earlier than this:
+    what was logged before this node's first agent started is history, not news. Lines
+    without a timestamp are never skipped."""
     _cur: _Open | None = field(default=None, init=False, repr=False)
     _started: bool = field(default=False, init=False, repr=False)
 
@@ -164,7 +168,7 @@ class KmsgFollower:
         now = self.clock.now().wall
         for raw in lines:
             fault = parse_line(raw.decode("utf-8", errors="replace"))
-            if fault is not None:
+            if fault is not None and not self._is_history(fault):
                 events.append(
                     to_event(
                         fault,
@@ -176,6 +180,10 @@ class KmsgFollower:
                     )
                 )
         return events
+
+    def _is_history(self, fault: KernelFault) -> bool:
+        ts, limit = fault.kernel_ts, self.skip_before
+        return ts is not None and limit is not None and ts < limit
 
 
 # --- writing fault lines (injection) ---------------------------------------------------------

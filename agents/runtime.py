@@ -11,9 +11,14 @@ Threads (all started by :meth:`Agent.run`, all stopped by its ``stop`` event):
 * commands (with the ``inject`` source): long-polls ``GET /v1/agents/{node}/commands`` and
   carries out injections (:mod:`agents.inject`).
 
-Nothing is lost across a kill: the kernel-log source re-reads the log from its start when the
-agent starts (event ids are stable, so the coordinator drops what it already has), and
-everything that passed the deduplicator is in the spool before it is sent.
+Nothing is lost across a kill: the kernel-log source re-reads the log from its start whenever
+the agent starts (event ids are stable, so the coordinator drops what it already has), and
+everything that passed the deduplicator is in the spool before it is sent. Only lines logged in
+this boot before the node's *first* agent started are skipped (by kernel timestamp; the first
+start writes ``boot_id monotonic-seconds`` to a marker in the spool directory): they are
+history, and reporting an old XID 79 as new would take a repaired node out again. In a later
+boot nothing is skipped. ``kmsg_from`` overrides this (``start``: skip nothing; ``end``: read
+only what is appended after each start).
 
 Stopping (SIGTERM): sources stop, the queue is drained, every open deduplication window is
 flushed into the spool, one last delivery is tried, and the agent exits; what did not go out
@@ -39,6 +44,7 @@ from agents.link import CoordinatorLink, Refused
 from agents.publisher import REJECTED_DIR, Publisher, RejectedStore
 from agents.spool import Spool
 from recovery.errors import TransientError, unknown_choice
+from recovery.fsutil import atomic_write
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock, SystemClock
 from recovery.retry import Backoff
@@ -47,6 +53,9 @@ Log = Callable[[str], None]
 SOURCES = ("inject", "kmsg", "nvml", "tpu")
 DEFAULT_SOURCES = ("nvml", "kmsg", "inject")
 AGENT_VERSION = "0.1.0"
+KMSG_FROM = ("auto", "end", "start")
+#: In the spool directory: this agent has run on this node before (see the module docstring).
+STARTED_MARKER = ".kmsg-started"
 #: Command ids remembered as done (redeliveries are far younger than this many commands).
 MAX_REMEMBERED = 1000
 
@@ -71,8 +80,13 @@ class AgentConfig:
     poll_wait_s: float = 20.0
     """How long one command poll is held by the coordinator."""
     version: str = AGENT_VERSION
+    kmsg_from: str = "auto"
+    """Where the kernel-log source starts: ``auto`` (see the module docstring), ``start``
+    (everything) or ``end`` (only what is appended after each start)."""
 
     def __post_init__(self) -> None:
+        if self.kmsg_from not in KMSG_FROM:
+            raise unknown_choice("kernel-log start", self.kmsg_from, KMSG_FROM)
         for name in self.sources:
             if name not in SOURCES:
                 raise unknown_choice("source", name, SOURCES)
@@ -232,7 +246,8 @@ class Agent:
                 self.clock,
                 path=cfg.kmsg_file,
                 buses=cfg.buses,
-                from_start=True,  # see the module docstring: re-reading loses nothing
+                from_start=cfg.kmsg_from != "end",
+                skip_before=self._history_ends() if cfg.kmsg_from == "auto" else None,
                 log=self.log,
                 agent_version=cfg.version,
             )
@@ -245,7 +260,20 @@ class Agent:
             started.append(self._start("tpu", lambda: self._run_tpu(stop)))
         if "inject" in cfg.sources:
             self._start("commands", lambda: self._commands(service_stop))
-        return [t for t in started if t.name != "commands"]
+        return started
+
+    def _history_ends(self) -> float | None:
+        """Kernel time (seconds since boot) before which lines are history: when this node's
+        first agent started, if that was in this boot; None in a later boot. The first start
+        records it (see the module docstring)."""
+        marker = self.config.spool_dir / STARTED_MARKER
+        try:
+            boot, mono = marker.read_text().split()
+            return float(mono) if boot == self.boot_id else None
+        except (OSError, ValueError):  # no marker (first start) or a damaged one
+            now = self.clock.now().mono
+            atomic_write(marker, f"{self.boot_id} {now:.6f}\n".encode())
+            return now
 
     def _run_nvml(self, stop: threading.Event) -> None:
         from agents.nvml import NvmlSource, load_pynvml  # pynvml only where it is used

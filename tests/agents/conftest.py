@@ -47,8 +47,10 @@ def agents(tmp_path: Path, live: LiveCoordinator) -> Iterator[Callable[..., Agen
     running at the end is killed by its pid, and the test fails if one cannot be reaped."""
     started: list[AgentProcess] = []
 
-    def start(node: str, *extra: str, sources: str = "") -> AgentProcess:
-        agent = AgentProcess(live, node, tmp_path, *extra, sources=sources).start()
+    def start(node: str, *extra: str, sources: str = "", kmsg_from: str = "start") -> AgentProcess:
+        agent = AgentProcess(
+            live, node, tmp_path, *extra, sources=sources, kmsg_from=kmsg_from
+        ).start()
         started.append(agent)
         return agent
 

@@ -78,7 +78,13 @@ class AgentProcess:
     pipe nobody reads would fill up and stall it)."""
 
     def __init__(
-        self, live: LiveCoordinator, node: str, root: Path, *extra: str, sources: str = ""
+        self,
+        live: LiveCoordinator,
+        node: str,
+        root: Path,
+        *extra: str,
+        sources: str = "",
+        kmsg_from: str = "start",
     ) -> None:
         self.node = node
         self.kmsg = root / f"{node}.kmsg"
@@ -93,6 +99,7 @@ class AgentProcess:
             "--spool", str(self.spool),
             "--kmsg-file", str(self.kmsg),
             "--heartbeat", "0.5",
+            "--kmsg-from", kmsg_from,  # a simulated node's log starts empty: read all of it
             *extra,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None

@@ -4,6 +4,7 @@ deduplicator holds; heartbeats arrive; a missing NVML is one line and the rest r
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -125,3 +126,17 @@ def test_without_nvml_one_line_says_so_and_the_kernel_log_still_works(
     nvml_lines = [line for line in agent.log().splitlines() if "NVML" in line]
     assert len(nvml_lines) == 1, agent.log()
     assert "unavailable" in nvml_lines[0]
+
+
+def test_first_start_skips_earlier_lines_of_this_boot_and_a_restart_loses_nothing(
+    tmp_path: Path, live: LiveCoordinator, agents: Start
+) -> None:
+    before = time.monotonic() - 60  # kernel time: logged before any agent watched
+    (tmp_path / "n1.kmsg").write_text(fault_lines([(79, 0)], t0=before)[0] + "\n")
+    first = agents("n1", "--simulated-gpus", "4", kmsg_from="auto")
+    wait_for(lambda: (first.spool / ".kmsg-started").exists(), "the first-start marker")
+    first.kill()
+    first.write_lines(fault_lines([(48, 1)], t0=time.monotonic()))  # while no agent runs
+    agents("n1", "--simulated-gpus", "4", kmsg_from="auto")
+    wait_for(lambda: len(live.stored_ids()) >= 1, "the line logged while the agent was down")
+    assert [(e.fault, e.accelerator) for e in live.stored()] == [("xid48", 1)]
