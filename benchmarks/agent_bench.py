@@ -122,7 +122,7 @@ def start_agent(root: Path, url: str, kmsg: Path) -> subprocess.Popen[bytes]:
         sys.executable, "-m", "agents", "run", "--node", NODE, "--coordinator", url,
         "--token-file", str(root / "tokens"), "--sources", "kmsg,inject",
         "--spool", str(root / "spool"), "--kmsg-file", str(kmsg),
-        "--simulated-gpus", str(GPUS), "--dedup-window", "600",
+        "--simulated-gpus", str(GPUS), "--dedup-window", "600", "--kmsg-from", "start",
     ]  # fmt: skip
     log = open(root / "agent.log", "ab")  # noqa: SIM115 - the child keeps it
     return subprocess.Popen(argv, stdout=log, stderr=log)
