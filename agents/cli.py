@@ -1,4 +1,5 @@
-"""``recover agent ...``: agent commands for operators. ``parse`` shows what the kernel-log
+"""``recover agent ...``: the agent's commands. ``run`` runs the node agent
+(:mod:`agents.runtime`). ``parse`` shows what the kernel-log
 source would report for a saved log (a dmesg, journalctl -k or /dev/kmsg dump from a real
 incident), so a detector can be checked against the incident before it is trusted.
 
@@ -8,6 +9,7 @@ Only light imports here (no pynvml, no grpc): the ``recover`` CLI imports this m
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +19,16 @@ import typer
 from pydantic import ValidationError
 
 from agents.dedup import Deduplicator
+from agents.follow import DEV_KMSG
 from agents.kmsg import bus_map, parse_line, to_event
-from recovery.errors import UsageError
+from agents.runtime import DEFAULT_SOURCES, SOURCES, Agent, AgentConfig, run_agent
+from recovery.errors import RecoverError, UsageError, unknown_choice
 from recovery.model import HealthEvent
 from recovery.ports.clock import Stamp
 
 app = typer.Typer(
     name="agent",
-    help="The node agent: check what it would detect.",
+    help="The node agent: run it, or check what it would detect.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
@@ -34,7 +38,7 @@ app = typer.Typer(
 
 @app.callback()
 def _group() -> None:
-    """The node agent: check what it would detect."""  # keeps ``parse`` a subcommand
+    """The node agent: run it, or check what it would detect."""  # keeps commands as such
 
 
 @dataclass
@@ -141,3 +145,115 @@ def parse_cmd(
     """Print the events the kernel-log source would emit for FILE."""
     text = parse_file(file, node, as_json, buses=parse_buses(gpu or []), window_s=window)
     typer.echo(text)
+
+
+def agent_config(
+    *,
+    node: str,
+    coordinator: str,
+    token_file: Path,
+    sources: str,
+    spool: Path | None,
+    kmsg_file: Path,
+    gpus: Sequence[str] = (),
+    simulated_gpus: int = 0,
+    dedup_window_s: float = 30.0,
+    heartbeat_s: float = 5.0,
+    kmsg_interval_s: float = 0.05,
+    kmsg_from: str = "auto",
+) -> AgentConfig:
+    """The agent's settings from ``recover agent run``'s options. Raises UsageError naming
+    what is valid (sources, bus ids, the token file's form)."""
+    from agents.inject import simulated_buses
+    from agents.link import read_agent_token
+
+    names = tuple(s.strip() for s in sources.split(",") if s.strip())
+    for name in names:
+        if name not in SOURCES:
+            raise unknown_choice("source", name, SOURCES)
+    buses = {**simulated_buses(simulated_gpus), **parse_buses(gpus)}
+    for what, value in (("--dedup-window", dedup_window_s), ("--heartbeat", heartbeat_s)):
+        if value <= 0:
+            raise UsageError(f"{what} must be > 0 seconds, got {value}")
+    return AgentConfig(
+        node=node,
+        coordinator=coordinator,
+        token=read_agent_token(token_file, node),
+        spool_dir=spool or Path(f"/var/lib/recover-agent/{node}/spool"),
+        sources=names,
+        kmsg_file=kmsg_file,
+        kmsg_interval_s=kmsg_interval_s,
+        buses=buses,
+        dedup_window_s=dedup_window_s,
+        heartbeat_s=heartbeat_s,
+        kmsg_from=kmsg_from,
+    )
+
+
+@app.command("run")
+def run_cmd(
+    node: Annotated[str, typer.Option(help="This node's name (as Slurm knows it).")],
+    coordinator: Annotated[str, typer.Option(help="The coordinator's URL.")],
+    token_file: Annotated[
+        Path,
+        typer.Option(help="The tokens file (its 'node NAME TOKEN' line) or a file of the token."),
+    ],
+    sources: Annotated[
+        str, typer.Option(help=f"Comma-separated, of: {', '.join(SOURCES)}.")
+    ] = ",".join(DEFAULT_SOURCES),
+    spool: Annotated[
+        Path | None, typer.Option(help="Spool directory [/var/lib/recover-agent/NODE/spool].")
+    ] = None,
+    kmsg_file: Annotated[
+        Path, typer.Option(help="Kernel log to follow (a plain file for simulated nodes).")
+    ] = DEV_KMSG,
+    gpu: Annotated[
+        list[str] | None,
+        typer.Option(help="INDEX=BUSID (NVML form), repeatable: GPU indices for kernel lines."),
+    ] = None,
+    simulated_gpus: Annotated[
+        int, typer.Option(help="Simulated node: give GPUs 0..N-1 made-up bus ids.")
+    ] = 0,
+    dedup_window: Annotated[float, typer.Option(help="Fold repeats within S seconds.")] = 30.0,
+    heartbeat: Annotated[float, typer.Option(help="Heartbeat every S seconds.")] = 5.0,
+    kmsg_interval: Annotated[float, typer.Option(help="Read the kernel log every S s.")] = 0.05,
+    kmsg_from: Annotated[
+        str,
+        typer.Option(help="auto (end on the first start, start later), start or end."),
+    ] = "auto",
+) -> None:
+    """Run the node agent until SIGTERM: detect, spool, deliver, heartbeat, obey commands."""
+    config = agent_config(
+        node=node,
+        coordinator=coordinator,
+        token_file=token_file,
+        sources=sources,
+        spool=spool,
+        kmsg_file=kmsg_file,
+        gpus=gpu or (),
+        simulated_gpus=simulated_gpus,
+        dedup_window_s=dedup_window,
+        heartbeat_s=heartbeat,
+        kmsg_interval_s=kmsg_interval,
+        kmsg_from=kmsg_from,
+    )
+    run_agent(Agent(config, log=_log))
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agents ...``: the agent's commands without the rest of ``recover``."""
+    try:
+        rc = app(args=argv, standalone_mode=False)
+    except RecoverError as e:
+        print(f"recover agent: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except typer.Exit as e:
+        return int(e.exit_code)
+    except typer.TyperException as e:
+        print(f"recover agent: error: {e.format_message()}", file=sys.stderr)
+        return int(e.exit_code)
+    return rc if isinstance(rc, int) else 0

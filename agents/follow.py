@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from agents.kmsg import kernel_bus_id, parse_line, to_event
+from agents.kmsg import KernelFault, kernel_bus_id, parse_line, to_event
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock
 
@@ -58,6 +58,10 @@ class KmsgFollower:
     from_start: bool = False
     log: Log = print
     agent_version: str = ""
+    skip_before: float | None = None
+    """Ignore fault lines whose kernel timestamp (seconds since boot) is earlier than this:
+    what was logged before this node's first agent started is history, not news. Lines
+    without a timestamp are never skipped."""
     _cur: _Open | None = field(default=None, init=False, repr=False)
     _started: bool = field(default=False, init=False, repr=False)
 
@@ -164,7 +168,7 @@ class KmsgFollower:
         now = self.clock.now().wall
         for raw in lines:
             fault = parse_line(raw.decode("utf-8", errors="replace"))
-            if fault is not None:
+            if fault is not None and not self._is_history(fault):
                 events.append(
                     to_event(
                         fault,
@@ -176,6 +180,10 @@ class KmsgFollower:
                     )
                 )
         return events
+
+    def _is_history(self, fault: KernelFault) -> bool:
+        ts, limit = fault.kernel_ts, self.skip_before
+        return ts is not None and limit is not None and ts < limit
 
 
 # --- writing fault lines (injection) ---------------------------------------------------------
@@ -197,21 +205,29 @@ XID_TEXT: dict[int, str] = {
 
 
 def format_fault_line(
-    fault: str, bus_id: str, *, pid: int | None = None, process: str | None = None
+    fault: str,
+    bus_id: str,
+    *,
+    pid: int | None = None,
+    process: str | None = None,
+    note: str = "",
 ) -> str:
     """The kernel message the driver would print for ``fault`` (``xid<N>`` or ``gpu-lost``) on
-    ``bus_id`` (either form), without a timestamp. Raises ValueError for another fault code."""
+    ``bus_id`` (either form), without a timestamp. ``note`` (e.g. an injection marker) is
+    appended as `` [note]``; the parser keeps it in the event's message. Raises ValueError for
+    another fault code."""
     bus = kernel_bus_id(bus_id)
+    tail = f" [{note}]" if note else ""
     if fault == "gpu-lost":
         domain, rest = bus.split(":", 1)
-        return f"NVRM: GPU {domain}:{rest}.0: GPU has fallen off the bus."
+        return f"NVRM: GPU {domain}:{rest}.0: GPU has fallen off the bus.{tail}"
     if not (fault.startswith("xid") and fault[3:].isdigit()):
         raise ValueError(f"cannot write a kernel line for fault {fault!r}; use xid<N> or gpu-lost")
     xid = int(fault[3:])
     who = f"pid={pid}" if pid is not None else "pid='<unknown>'"
     name = process or "<unknown>"
     text = XID_TEXT.get(xid, "Unspecified error (injected)")
-    return f"NVRM: Xid (PCI:{bus}): {xid}, {who}, name={name}, {text}"
+    return f"NVRM: Xid (PCI:{bus}): {xid}, {who}, name={name}, {text}{tail}"
 
 
 def append_fault_line(
@@ -222,6 +238,7 @@ def append_fault_line(
     clock: Clock,
     pid: int | None = None,
     process: str | None = None,
+    note: str = "",
 ) -> str:
     """Append a fault line to ``path`` and return what was written.
 
@@ -231,7 +248,7 @@ def append_fault_line(
     different event ids. The write is one ``write(2)`` call on an ``O_APPEND`` descriptor, so
     a concurrent reader never sees half a line. Raises OSError, ValueError (bad fault/bus id).
     """
-    message = format_fault_line(fault, bus_id, pid=pid, process=process)
+    message = format_fault_line(fault, bus_id, pid=pid, process=process, note=note)
     is_char = path.exists() and stat.S_ISCHR(os.stat(path).st_mode)
     line = f"<4>{message}" if is_char else f"[{clock.now().mono:12.6f}] {message}\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -32,6 +32,7 @@ from recovery.model.events import NODE_PATTERN
 from recovery.ports.clock import Clock
 from recovery.ports.journal import Journal, StoredEvent
 from recovery.service import models
+from recovery.service.agents_api import AgentChannel, agent_routes
 from recovery.service.auth import Principal, TokenTable
 from recovery.service.fastpath import ClientGone, EventIntake, ServiceApp
 from recovery.service.intake import GroupCommitter
@@ -66,12 +67,15 @@ def create_app(
     clock: Clock,
     max_body_bytes: int = 1_000_000,
     metrics_need_token: bool = False,
+    agents: AgentChannel | None = None,
 ) -> ServiceApp:
     """The API (a FastAPI app) over ``journal`` and ``coordinator``, authenticated by
     ``tokens``.
 
     ``max_body_bytes`` bounds an event request (413 above it). ``metrics_need_token``: whether
     ``/metrics`` asks for a token too (off by default: the server listens on loopback).
+    ``agents``: the heartbeat tracker and command broker of the agent routes
+    (:mod:`recovery.service.agents_api`; a fresh one when None), also at ``app.state.agents``.
     The app owns one writer thread for group commit, stopped at lifespan shutdown.
     """
     metrics = ServiceMetrics(
@@ -124,6 +128,8 @@ def create_app(
     _journal_routes(app, journal, caller)
     _coordinator_routes(app, coordinator, caller, admin)
     _service_routes(app, journal, metrics, caller if metrics_need_token else None)
+    app.state.agents = agents = agents or AgentChannel.default(clock)
+    agent_routes(app, agents, journal=journal, tokens=tokens, caller=caller, admin=admin)
     _install_openapi(app)
     return app
 

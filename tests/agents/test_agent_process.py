@@ -1,0 +1,142 @@
+"""The agent as a real process against the real API: kernel-log lines reach the journal once
+each across a SIGKILL and a coordinator outage; a flood is folded; SIGTERM flushes what the
+deduplicator holds; heartbeats arrive; a missing NVML is one line and the rest runs on."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agents.follow import format_fault_line
+from agents.inject import simulated_bus
+from recovery.policy import load_catalogue
+from tests.agents.helpers import wait_for
+from tests.agents.live import AgentProcess, LiveCoordinator
+
+Start = Callable[..., AgentProcess]
+XIDS = [int(c[3:]) for c in load_catalogue().known() if c.startswith("xid")]
+
+
+def fault_lines(pairs: list[tuple[int, int]], t0: float = 100.0) -> list[str]:
+    """One dmesg-style line per (xid, gpu), each with its own timestamp."""
+    return [
+        f"[{t0 + i / 1000:12.6f}] " + format_fault_line(f"xid{x}", simulated_bus(g))
+        for i, (x, g) in enumerate(pairs)
+    ]
+
+
+def test_sigkill_mid_delivery_loses_nothing_and_duplicates_nothing(
+    live: LiveCoordinator, agents: Start
+) -> None:
+    gpus = 50
+    pairs = [(x, g) for g in range(gpus) for x in XIDS]  # distinct keys: nothing is folded
+    first = agents("n1", "--simulated-gpus", str(gpus))
+    first.write_lines(fault_lines(pairs))
+    wait_for(lambda: len(live.stored_ids()) > 0, "the first events to arrive", timeout_s=30)
+    first.kill()
+    at_kill = len(live.stored_ids())
+    assert at_kill < len(pairs), "the kill came after delivery ended: nothing was tested"
+    again = agents("n1", "--simulated-gpus", str(gpus))
+    wait_for(
+        lambda: len(live.stored_ids()) >= len(pairs),
+        f"all {len(pairs)} events (had {at_kill} at the kill)",
+        timeout_s=60,
+    )
+    got = Counter((e.fault, e.accelerator) for e in live.stored())
+    assert got == Counter((f"xid{x}", g) for x, g in pairs)  # each line exactly once
+    assert again.alive()
+
+
+def test_coordinator_outage_then_restart_delivers_every_event_once(
+    live: LiveCoordinator, agents: Start
+) -> None:
+    agent = agents("n1", "--simulated-gpus", "10")
+    pairs = [(x, g) for g in range(10) for x in XIDS[:10]]
+    agent.write_lines(fault_lines(pairs[:50]))
+    wait_for(lambda: len(live.stored_ids()) == 50, "the events sent before the outage")
+    live.stop()
+    agent.write_lines(fault_lines(pairs[50:], t0=200.0))
+    wait_for(lambda: "retrying" in agent.log(), "the agent to notice the outage")
+    live.start()
+    wait_for(lambda: len(live.stored_ids()) == 100, "the events spooled during the outage")
+    got = Counter((e.fault, e.accelerator) for e in live.stored())
+    assert got == Counter((f"xid{x}", g) for x, g in pairs)
+
+
+def test_a_10000_line_flood_becomes_a_bounded_number_of_events(
+    tmp_path: Path, live: LiveCoordinator, agents: Start
+) -> None:
+    flood = [
+        f"[{100 + i / 100:12.6f}] NVRM: Xid (PCI:0000:3b:00): 95, pid=7, name=python, "
+        "Uncontained: FBHUB. RST: Yes, D-RST: No"
+        for i in range(10_000)
+    ]
+    (tmp_path / "n1.kmsg").write_text("\n".join(flood) + "\n")  # there before the agent starts
+    agents("n1", "--dedup-window", "1")
+    wait_for(
+        lambda: sum(e.count for e in live.stored()) == 10_000,
+        "the first event and the summary of its 9,999 repeats",
+        timeout_s=60,
+    )
+    events = live.stored()
+    assert len(events) == 2
+    assert [e.count for e in events] == [1, 9_999]
+    assert events[1].id == events[0].id + ".r"
+
+
+def test_sigterm_flushes_open_windows_into_the_journal_and_exits_cleanly(
+    tmp_path: Path, live: LiveCoordinator, agents: Start
+) -> None:
+    agent = agents("n1", "--dedup-window", "600")
+    agent.write_lines(fault_lines([(79, 0)] * 5))
+    wait_for(lambda: len(live.stored_ids()) == 1, "the first occurrence")
+    wait_for(lambda: "sources kmsg" in agent.log(), "the agent's start line")
+    assert agent.terminate() == 0
+    events = live.stored()
+    assert [e.count for e in events] == [1, 4]  # the summary left on the way out
+    assert "stopped; 0 event(s) left in the spool" in agent.log()
+
+
+def test_heartbeats_reach_the_tracker_with_the_agent_version(
+    live: LiveCoordinator, agents: Start
+) -> None:
+    agent = agents("n2")
+    channel = live.channel
+    assert channel is not None
+    wait_for(lambda: channel.heartbeats.last_seen("n2") is not None, "a heartbeat from n2")
+    first = channel.heartbeats.last_seen("n2")
+    wait_for(lambda: channel.heartbeats.last_seen("n2") != first, "a second heartbeat")
+    assert channel.heartbeats.version("n2") == "0.1.0"
+    assert agent.alive()
+    assert live.stored_ids() == []  # heartbeats are not journaled
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has an NVIDIA driver")
+def test_without_nvml_one_line_says_so_and_the_kernel_log_still_works(
+    live: LiveCoordinator, agents: Start
+) -> None:
+    agent = agents("n1", sources="nvml,kmsg")
+    agent.write_lines(fault_lines([(79, 0)]))
+    wait_for(lambda: len(live.stored_ids()) == 1, "the kernel-log event")
+    wait_for(lambda: "NVML" in agent.log(), "the agent to say NVML is unavailable")
+    nvml_lines = [line for line in agent.log().splitlines() if "NVML" in line]
+    assert len(nvml_lines) == 1, agent.log()
+    assert "unavailable" in nvml_lines[0]
+
+
+def test_first_start_skips_earlier_lines_of_this_boot_and_a_restart_loses_nothing(
+    tmp_path: Path, live: LiveCoordinator, agents: Start
+) -> None:
+    before = time.monotonic() - 60  # kernel time: logged before any agent watched
+    (tmp_path / "n1.kmsg").write_text(fault_lines([(79, 0)], t0=before)[0] + "\n")
+    first = agents("n1", "--simulated-gpus", "4", kmsg_from="auto")
+    wait_for(lambda: (first.spool / ".kmsg-started").exists(), "the first-start marker")
+    first.kill()
+    first.write_lines(fault_lines([(48, 1)], t0=time.monotonic()))  # while no agent runs
+    agents("n1", "--simulated-gpus", "4", kmsg_from="auto")
+    wait_for(lambda: len(live.stored_ids()) >= 1, "the line logged while the agent was down")
+    assert [(e.fault, e.accelerator) for e in live.stored()] == [("xid48", 1)]
