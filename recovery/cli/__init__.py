@@ -14,6 +14,7 @@ from agents import cli as _agent
 from recovery.cli import checkpoint as _checkpoint
 from recovery.cli import cluster as _cluster
 from recovery.cli import coordinator as _coordinator
+from recovery.cli import inject as _inject
 from recovery.cli import ops as _ops
 from recovery.cli import train as _train
 from recovery.errors import RecoverError
@@ -35,6 +36,7 @@ app.add_typer(_agent.app, name="agent")
 _train.register(app)
 _cluster.register(app)
 _ops.register(app)
+_inject.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ def render_status(doc: dict[str, Any]) -> str:
         ("NODE", "STATE", "HELD BY", "INCIDENT", "REASON"),
         [
             (
-                n["name"],
+                n["name"] + (" (suspect: agent silent)" if n.get("suspect") else ""),
                 "+".join([n["state"], *n["flags"]]),
                 n["held_by"] or "-",
                 n["incident"] or "-",

@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from recovery.coordinator.executor import Executor, ExecutorSettings
 from recovery.coordinator.reconcile import follow_jobs, settled, unreachable_events
@@ -39,7 +39,7 @@ from recovery.model import (
     Source,
     TakeDown,
 )
-from recovery.model.events import REPAIRED
+from recovery.model.events import HEARTBEAT_LOST, REPAIRED
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import ActionStatus, Journal, Phase, StoredEvent
 from recovery.ports.slurm import JobInfo, NodeInfo, SlurmControl
@@ -49,13 +49,23 @@ T = TypeVar("T")
 RESETS_KEY = "breaker_resets"
 
 
+class Heartbeats(Protocol):
+    """Where the engine learns which agents went silent (the service's heartbeat tracker)."""
+
+    def silent(self, now: float, after_s: float) -> list[str]:
+        """Nodes whose agent beat once but not within ``after_s`` s before ``now`` (mono)."""
+        ...
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """``tick_s``: seconds between reconcile ticks (Slurm is polled once a tick);
-    ``command_timeout_s``: how long an operator command waits for the worker."""
+    ``command_timeout_s``: how long an operator command waits for the worker;
+    ``suspect_after_s``: an agent silent this long makes its node a suspect."""
 
     tick_s: float = 0.5
     command_timeout_s: float = 30.0
+    suspect_after_s: float = 20.0
     executor: ExecutorSettings = field(default_factory=ExecutorSettings)
 
 
@@ -85,8 +95,11 @@ class Engine:
         settings: EngineSettings = EngineSettings(),  # frozen, one shared default is safe
         log: Callable[[str], None] = lambda _msg: None,
         sleep: Callable[[float], None] | None = None,
+        heartbeats: Heartbeats | None = None,
     ) -> None:
         self.journal = journal
+        self.heartbeats = heartbeats
+        self._suspects: frozenset[str] = frozenset()
         self.slurm = slurm
         self.clock = clock
         self.rules = rules
@@ -172,17 +185,18 @@ class Engine:
 
     def nodes(self) -> list[dict[str, Any]]:
         with self._lock:
-            view, at = self._view, self._view_at
-        return node_rows(view, self.journal.incidents(open_only=True), at)
+            view, at, suspects = self._view, self._view_at, self._suspects
+        return node_rows(view, self.journal.incidents(open_only=True), at, suspects)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            view, at = self._view, self._view_at
+            view, at, suspects = self._view, self._view_at, self._suspects
         return status_view(
             view,
             self.journal.incidents(open_only=True),
             self.breaker(),
             at,
+            suspects,
             dry_run=self.settings.executor.dry_run,
         )
 
@@ -278,6 +292,7 @@ class Engine:
             elif isinstance(rec.action, PromoteSpare):
                 self.executor.retry_promotion(rec)
         self._expire_held(now)
+        self._watch_heartbeats(now)
         for inc in self.journal.incidents(open_only=True):
             progress = follow_jobs(inc, self._jobs)
             for name, detail in progress.phases:
@@ -285,6 +300,29 @@ class Engine:
             if progress.resolved and settled(inc):
                 why = "jobs running again" if inc.jobs else "no job ran on the node"
                 self.journal.close_incident(inc.id, now, f"actions done; {why}")
+
+    def _watch_heartbeats(self, now: Stamp) -> None:
+        """A node whose agent fell silent becomes a suspect: one ``heartbeat-lost`` event per
+        silence, journaled and decided like any other (the policy says what it means)."""
+        if self.heartbeats is None:
+            return
+        silent = frozenset(self.heartbeats.silent(now.mono, self.settings.suspect_after_s))
+        fresh = [
+            HealthEvent(
+                id=f"heartbeat-lost-{node}-{int(now.wall)}",
+                node=node,
+                source=Source.heartbeat,
+                fault=HEARTBEAT_LOST,
+                observed_at=now.wall,
+                message=f"no heartbeat from the agent for {self.settings.suspect_after_s:g} s",
+            )
+            for node in sorted(silent - self._suspects)
+        ]
+        with self._lock:
+            self._suspects = silent
+        if fresh:
+            self.journal.append_events(fresh, now)
+            self._wake.set()
 
     def _expire_held(self, now: Stamp) -> list[int]:
         expired = []

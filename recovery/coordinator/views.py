@@ -61,9 +61,13 @@ def holder(node: NodeInfo) -> str:
 
 
 def node_rows(
-    view: Sequence[NodeInfo], open_incidents: Sequence[IncidentRecord], at: Stamp | None
+    view: Sequence[NodeInfo],
+    open_incidents: Sequence[IncidentRecord],
+    at: Stamp | None,
+    suspects: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
-    """One row per node: state, flags, reason, holder, spare, open incident."""
+    """One row per node: state, flags, reason, holder, spare, open incident, and whether its
+    agent went silent (``suspect``)."""
     incident_of = {i.node: i.id for i in open_incidents}
     return [
         {
@@ -76,6 +80,7 @@ def node_rows(
             "ready_spare": is_ready_spare(n),
             "in_service": n.in_service,
             "incident": incident_of.get(n.name),
+            "suspect": n.name in suspects,
             "seen_at": at.wall if at else None,
         }
         for n in view
@@ -119,12 +124,13 @@ def status_view(
     open_incidents: Sequence[IncidentRecord],
     breaker: dict[str, Any],
     at: Stamp | None,
+    suspects: frozenset[str] = frozenset(),
     *,
     dry_run: bool,
 ) -> dict[str, Any]:
     """Everything ``recover status`` shows."""
     return {
-        "nodes": node_rows(view, open_incidents, at),
+        "nodes": node_rows(view, open_incidents, at, suspects),
         "incidents": [incident_summary(i) for i in open_incidents],
         "spares": [n.name for n in view if is_ready_spare(n)],
         "breaker": breaker,

@@ -56,6 +56,8 @@ class DriverAction(StrEnum):
 REPAIRED = "node-repaired"
 #: The fault code the coordinator gives a node Slurm reports DOWN that no agent reported.
 UNREACHABLE = "node-unreachable"
+#: The fault code of a node whose agent stopped sending heartbeats (a suspect).
+HEARTBEAT_LOST = "heartbeat-lost"
 
 EventId = Annotated[str, StringConstraints(pattern=EVENT_ID_PATTERN)]
 NodeName = Annotated[str, StringConstraints(pattern=NODE_PATTERN)]

@@ -23,6 +23,7 @@ from recovery.coordinator.rules import Rules
 from recovery.errors import UsageError
 from recovery.policy import load_catalogue, load_policy_config
 from recovery.ports.clock import SystemClock
+from recovery.service.agents_api import AgentChannel
 from recovery.service.app import create_app
 from recovery.service.auth import generate_tokens, load_tokens
 from recovery.service.journal import SqliteJournal
@@ -91,7 +92,9 @@ def run_coordinator(
         settings=EngineSettings(tick_s=opts.tick_s, executor=ExecutorSettings(dry_run=dry_run)),
         log=log,
     )
-    app = create_app(journal=journal, tokens=tokens, coordinator=engine, clock=clock)
+    agents = AgentChannel.default(clock, catalogue.known())
+    engine.heartbeats = agents.heartbeats
+    app = create_app(journal=journal, tokens=tokens, coordinator=engine, clock=clock, agents=agents)
     engine.start()
     url = f"http://{host}:{port}"
     write_endpoint(d, url, os.getpid())
@@ -101,7 +104,7 @@ def run_coordinator(
         f"policy {engine.rules.version}{mode}"
     )
     try:
-        serve(app, host, port, log_level="warning")
+        serve(app, host, port, log_level="warning", on_stop=agents.broker.close)
     finally:
         engine.stop()
         journal.close()

@@ -8,7 +8,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 
 import uvicorn
@@ -54,14 +54,23 @@ class _Server(uvicorn.Server):
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
+    on_stop: Callable[[], None] | None = None
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.should_exit:
             self.force_exit = True
+        elif self.on_stop is not None:
+            self.on_stop()
         self.should_exit = True
 
 
 def serve(
-    app: FastAPI, host: str = DEFAULT_HOST, port: int = 8470, log_level: str = "info"
+    app: FastAPI,
+    host: str = DEFAULT_HOST,
+    port: int = 8470,
+    log_level: str = "info",
+    *,
+    on_stop: Callable[[], None] | None = None,
 ) -> None:
     """Serve ``app`` on ``host:port`` until SIGTERM or SIGINT, then return (call it from the
     main thread, where signal handlers can be installed): new connections stop, requests in
@@ -69,9 +78,12 @@ def serve(
     the caller closes what it opened (the journal). A second signal skips the wait.
 
     Loopback by default: put a TLS-terminating proxy in front to listen anywhere else.
-    Raises RecoverError when the address cannot be bound.
+    ``on_stop`` is called at the first signal, before the server stops taking requests (to
+    end long polls, which uvicorn would otherwise wait for). Raises RecoverError when the
+    address cannot be bound.
     """
     server = _Server(config(app, host, port, log_level))
+    server.on_stop = on_stop
     try:
         server.run()
     except SystemExit as e:  # uvicorn exits the process when it cannot bind

@@ -139,3 +139,29 @@ def test_transient_errors_are_retried_then_the_action_completes(rig: Rig) -> Non
     assert (down.status, down.attempts) == (ActionStatus.planned, 1)
     rig.engine.step()
     assert rig.incident("n1").actions[0].status is ActionStatus.done
+
+
+class _Silent:
+    """A heartbeat tracker in which the named nodes went silent."""
+
+    def __init__(self) -> None:
+        self.nodes: list[str] = []
+
+    def silent(self, now: float, after_s: float) -> list[str]:
+        return list(self.nodes)
+
+
+def test_a_silent_agent_makes_its_node_a_suspect_once(rig: Rig) -> None:
+    beats = _Silent()
+    rig.engine.heartbeats = beats
+    rig.engine.step()
+    beats.nodes = ["n3"]
+    rig.engine.step()
+    rig.engine.step()
+    lost = [s for s, _ in rig.journal.history() if s.event.fault == "heartbeat-lost"]
+    assert [s.event.node for s in lost] == ["n3"]  # one event per silence, not per tick
+    assert {r["name"]: r["suspect"] for r in rig.engine.nodes()}["n3"] is True
+    assert rig.slurm.updates() == []  # the policy treats it as a suspect only
+    beats.nodes = []
+    rig.engine.step()
+    assert not any(r["suspect"] for r in rig.engine.nodes())
