@@ -10,7 +10,7 @@ functions so that importing this module (and ``recover --help``) stays cheap.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,3 +82,26 @@ def stop_coordinator(cluster_state: Path) -> bool:
     from recovery.service import process
 
     return process.stop(coordinator_dir(cluster_state))
+
+
+def start_agents(cluster_state: Path, endpoint: Endpoint, nodes: Sequence[str]) -> dict[str, int]:
+    """One agent per node of the local cluster, each on its own kernel-log file, connected to
+    ``endpoint``'s coordinator before this returns; node -> pid."""
+    from recovery.service.agents_proc import start_agents as start
+    from recovery.service.client import Client, admin_token
+    from recovery.service.process import TOKENS_FILE
+
+    d = coordinator_dir(cluster_state)
+    client = Client(endpoint.url, admin_token(d / TOKENS_FILE))
+
+    def connected() -> set[str]:
+        return {a["node"] for a in client.get("/v1/agents") if a["connected"]}
+
+    return start(d, nodes, endpoint.url, connected=connected)
+
+
+def stop_agents(cluster_state: Path) -> list[str]:
+    """Stop the local cluster's agents; returns the nodes whose agent was stopped."""
+    from recovery.service.agents_proc import stop_agents as stop
+
+    return stop(coordinator_dir(cluster_state))

@@ -59,6 +59,12 @@ def up(
             "generated there).",
         ),
     ] = False,
+    agents: Annotated[
+        bool,
+        typer.Option(
+            "--agents", help="Also start one node agent per node (implies --coordinator)."
+        ),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Start munge, slurmctld and one slurmd per node; return once all nodes are idle."""
@@ -66,7 +72,9 @@ def up(
 
     d = _state_dir(state_dir)
     info = LocalCluster(d, slurmd_timeout_s=slurmd_timeout).up(nodes=nodes, spares=spares)
-    endpoint = wiring.start_coordinator(d, info.conf_path) if coordinator else None
+    endpoint = wiring.start_coordinator(d, info.conf_path) if coordinator or agents else None
+    if agents and endpoint is not None:
+        wiring.start_agents(d, endpoint, info.nodes + info.spares)
     if as_json:
         doc = info.to_json()
         if endpoint is not None:
@@ -80,6 +88,9 @@ def up(
             f"coordinator at {endpoint.url} (state in {endpoint.state_dir}; "
             f"`recover status --state-dir {shlex.quote(str(endpoint.state_dir))}`)"
         )
+    if agents and endpoint is not None:
+        logs = endpoint.state_dir / "agents"
+        typer.echo(f"agents: one per node; simulated kernel logs in {logs}/NODE/kmsg")
     typer.echo(f"export SLURM_CONF={shlex.quote(str(info.conf_path))}")
 
 
@@ -89,8 +100,9 @@ def down(state_dir: StateDir = None) -> None:
     from slurm.cluster import LocalCluster
 
     d = _state_dir(state_dir)
-    coordinator = wiring.stop_coordinator(d)
-    stopped = ["coordinator"] if coordinator else []
+    stopped = [f"agent:{n}" for n in wiring.stop_agents(d)]
+    if wiring.stop_coordinator(d):
+        stopped.append("coordinator")
     stopped += LocalCluster(d).down()
     typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "no cluster was running")
 

@@ -73,6 +73,26 @@ def alive(pid: int) -> bool:
     return True
 
 
+def spawn_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None) -> int:
+    """Start ``argv`` in its own session, stdin from /dev/null, stdout and stderr appended to
+    ``log``; returns its pid. Raises OSError when it cannot be executed."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        return os.posix_spawn(
+            argv[0],
+            list(argv),
+            dict(os.environ if env is None else env),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, fd, 1),
+                (os.POSIX_SPAWN_DUP2, fd, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(fd)
+
+
 def healthy(url: str, timeout_s: float = 1.0) -> bool:
     """True when ``GET url/healthz`` answers 200."""
     try:
@@ -114,21 +134,7 @@ def start(
     if dry_run:
         argv.append("--dry-run")
     argv += list(extra_args)
-    log = os.open(state_dir / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        pid = os.posix_spawn(
-            sys.executable,
-            argv,
-            dict(os.environ if env is None else env),
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, log, 1),
-                (os.POSIX_SPAWN_DUP2, log, 2),
-            ],
-            setsid=True,
-        )
-    finally:
-        os.close(log)
+    pid = spawn_logged(argv, state_dir / LOG_FILE, env)
     deadline = clock() + timeout_s
     while clock() < deadline:
         if not alive(pid):
