@@ -96,10 +96,10 @@ def hold_reason(
     """
     if state.node(node).out:
         return None
-    held = [inc.id for _, inc in state.held_incidents()]
-    if held:
+    count, first = state.first_held()
+    if count:
         return (
-            f"breaker tripped: {len(held)} take-out(s) already held (first {held[0]}); "
+            f"breaker tripped: {count} take-out(s) already held (first {first}); "
             "an operator resets it with recover breaker reset"
         )
     window = in_window(state, config, now)

@@ -177,6 +177,18 @@ class PolicyState:
         held = [(n, s.incident) for n, s in self.nodes.items() if s.incident and s.incident.held]
         return sorted(held, key=lambda p: (p[1].opened_at, p[0]))
 
+    def first_held(self) -> tuple[int, str | None]:
+        """``(how many incidents are held, the oldest one's id)``: what the breaker checks on
+        every take-out, in one pass without sorting (a storm holds hundreds)."""
+        count, first, key = 0, None, (0.0, "")
+        for n, s in self.nodes.items():
+            inc = s.incident
+            if inc is not None and inc.held:
+                count += 1
+                if first is None or (inc.opened_at, n) < key:
+                    first, key = inc.id, (inc.opened_at, n)
+        return count, first
+
 
 def advance(state: PolicyState, event: HealthEvent, decision: Decision, now: float) -> PolicyState:
     """The state after ``event`` was decided as ``decision`` at ``now`` (Unix seconds).

@@ -1,9 +1,14 @@
-"""The cluster view computes its derived sets once: the breaker asks for them on every
-take-out decision, and at 10,000 nodes recounting them cost more than the decision."""
+"""What the breaker asks on every take-out decision is computed cheaply: the cluster view's
+derived sets once per view (at 10,000 nodes recounting them cost more than the decision), the
+held incidents in one pass."""
 
 from __future__ import annotations
 
-from recovery.policy import ClusterView
+from dataclasses import replace
+
+from recovery.model import Verdict
+from recovery.policy import ClusterView, Incident, NodeState, PolicyState
+from recovery.policy.state import frozen_map
 
 from .helpers import cluster, node
 
@@ -21,3 +26,16 @@ def test_a_new_view_counts_afresh() -> None:
     b = ClusterView.from_nodes([node("n1"), node("n2"), node("n3", "cpu")])
     assert a.partition_sizes == {"gpu": 1, "cpu": 1}
     assert b.partition_sizes == {"gpu": 2, "cpu": 1}
+
+
+def test_first_held_is_the_oldest_and_counts_them_all() -> None:
+    inc = Incident("inc-b", "xid79", Verdict.replace_node, 5.0, 5.0, frozen_map({}), held=True)
+    state = PolicyState.empty()
+    assert state.first_held() == (0, None)
+    state = state.with_node("n2", NodeState(incident=inc))
+    state = state.with_node("n1", NodeState(incident=replace(inc, id="inc-a")))
+    state = state.with_node("n0", NodeState(incident=replace(inc, id="inc-c", opened_at=9.0)))
+    state = state.with_node("n3", NodeState(incident=replace(inc, id="inc-d", held=False)))
+    # Same opening time: the node name breaks the tie, as held_incidents() orders them.
+    assert state.first_held() == (3, "inc-a")
+    assert state.held_incidents()[0][1].id == "inc-a"
