@@ -4,13 +4,16 @@ held incidents in one pass."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+
+import pytest
 
 from recovery.model import Verdict
 from recovery.policy import ClusterView, Incident, NodeState, PolicyState
 from recovery.policy.state import frozen_map
 
-from .helpers import cluster, node
+from .helpers import Run, cluster, node
 
 
 def test_partition_sizes_are_counted_once_per_view() -> None:
@@ -39,3 +42,26 @@ def test_first_held_is_the_oldest_and_counts_them_all() -> None:
     # Same opening time: the node name breaks the tie, as held_incidents() orders them.
     assert state.first_held() == (3, "inc-a")
     assert state.held_incidents()[0][1].id == "inc-a"
+
+
+@pytest.mark.parametrize(
+    "others_out",
+    [
+        0,  # the window is smaller than the gpu limit: nothing to count
+        2,  # the window reaches the gpu limit, but with cpu nodes only
+        3,
+    ],
+)
+def test_the_partition_limit_counts_only_that_partitions_nodes(
+    make_run: Callable[..., Run], others_out: int
+) -> None:
+    gpu = [node(f"g{i}", "gpu") for i in range(1, 5)]  # at most 2 of 4 per window
+    cpu = [node(f"c{i}", "cpu") for i in range(1, 9)]
+    run = make_run(view=ClusterView.from_nodes(gpu + cpu))
+    for i in range(1, others_out + 1):
+        assert not run.send("xid79", node=f"c{i}").held
+    assert not run.send("xid79", node="g1").held
+    assert not run.send("xid79", node="g2").held
+    third = run.send("xid79", node="g3")
+    assert third.held
+    assert "2 of 4 node(s) of partition gpu" in third.why
