@@ -7,7 +7,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.decision_bench import Options, report, run, targets
+from benchmarks.decision_bench import report, run, targets
+from benchmarks.decision_rig import Options
 
 
 def test_bench_runs_a_small_storm_under_both_policies(tmp_path: Path) -> None:
@@ -31,3 +32,24 @@ def test_bench_runs_a_small_storm_under_both_policies(tmp_path: Path) -> None:
     assert "NVSentinel" in text
     assert len(targets([raised, default])) == 4
     json.dumps([asdict(raised), asdict(default)])  # what --json writes
+
+
+def test_bench_runs_a_small_storm_through_the_http_intake(tmp_path: Path) -> None:
+    opts = Options(
+        nodes=20,
+        storms=(5,),
+        policies=("raised",),
+        read_s=0.0,
+        update_s=0.0,
+        spares=2,
+        spread_s=0.05,
+        deadline_s=30,
+        http=True,
+    )
+    (r,) = run(opts, tmp_path)
+    assert r.finished
+    assert r.path == "http"
+    assert r.takedown["count"] == 5
+    assert r.intake is not None
+    assert r.intake["count"] == 5
+    assert r.slurm_updates >= 1  # counted in the server process and handed back
