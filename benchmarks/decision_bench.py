@@ -121,12 +121,21 @@ def report(results: Sequence[Result], opts: Options) -> str:
             lines.append(_row(r, "hold recorded", r.held, None))
         if r.intake is not None:
             lines.append(_row(r, "POST answered", r.intake, None))
+        if r.from_send is not None:
+            lines.append(_row(r, "sent->decision", r.from_send["decision"], None))
+            lines.append(_row(r, "sent->take-down", r.from_send["takedown"], None))
+        cpu = (
+            f"; CPU during the POSTs: server {r.intake['server_cpu_s']:.1f} s, "
+            f"load {r.intake['load_cpu_s']:.1f} s"
+            if r.intake
+            else ""
+        )
         rate = r.takedown["count"] / r.all_done_s if r.all_done_s else 0.0
         lines.append(
             f"{'':>14} {'finished' if r.finished else 'NOT FINISHED by the deadline'}; "
             f"{r.decided}/{r.storm} decided, {r.promoted} spares promoted, "
             f"{rate:.0f} take-downs/s; Slurm {r.slurm_updates} updates, {r.slurm_reads} reads; "
-            f"run {r.wall_s:.1f} s"
+            f"run {r.wall_s:.1f} s{cpu}"
         )
     lines += [
         "",

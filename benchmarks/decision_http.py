@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from benchmarks.decision_rig import (
     Options,
     Result,
     build_rig,
+    measure,
     result,
     settled,
     slurm_counts,
@@ -73,28 +75,53 @@ def serve(opts: Options, size: int, policy_name: str, db: Path, port: int) -> No
         rig.journal.close()
 
 
-async def send(url: str, events: list[HealthEvent], spread_s: float) -> list[tuple[int, float]]:
-    """POST each event as its node's agent would, the k-th at ``k * spread_s / n``; returns
-    each status code and the seconds until the answer (the intake's commit included)."""
-    limits = httpx.Limits(max_connections=CONNECTIONS)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+async def send(
+    port: int, events: list[HealthEvent], spread_s: float
+) -> list[tuple[int, float, float]]:
+    """POST each event as its node's agent would, the k-th at ``k * spread_s / n``, over
+    :data:`CONNECTIONS` keep-alive connections (raw HTTP/1.1: an HTTP client library's own
+    CPU would be the bottleneck at 1,000 requests a second). Returns, per event, the status
+    code, when it was sent (monotonic seconds) and the seconds until the whole answer."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for k in range(len(events)):
+        queue.put_nowait(k)
+    out: list[tuple[int, float, float]] = [(0, 0.0, 0.0)] * len(events)
 
-        async def one(k: int, ev: HealthEvent) -> tuple[int, float]:
-            await asyncio.sleep(max(0.0, start + k * spread_s / len(events) - loop.time()))
-            sent = time.monotonic()
-            r = await client.post(
-                "/v1/events",
-                content=ev.model_dump_json(),
-                headers={
-                    "Authorization": f"Bearer {node_token(ev.node)}",
-                    "Content-Type": "application/json",
-                },
-            )
-            return r.status_code, time.monotonic() - sent
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while not queue.empty():
+                k = queue.get_nowait()
+                await asyncio.sleep(max(0.0, start + k * spread_s / len(events) - loop.time()))
+                ev = events[k]
+                body = ev.model_dump_json().encode()
+                head = (
+                    "POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Authorization: Bearer {node_token(ev.node)}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                )
+                sent = time.monotonic()
+                writer.write(head.encode() + body)
+                answer = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in answer.split(b"\r\n")[1:]:
+                    if line[:15].lower() == b"content-length:":
+                        length = int(line[15:])
+                await reader.readexactly(length)
+                out[k] = (int(answer[9:12]), sent, time.monotonic() - sent)
+        finally:
+            writer.close()
 
-        return list(await asyncio.gather(*(one(k, e) for k, e in enumerate(events))))
+    await asyncio.gather(*(connection() for _ in range(min(CONNECTIONS, len(events)))))
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU (user + system) process ``pid`` used so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[str], deadline: float) -> None:
@@ -123,8 +150,10 @@ def run_one_http(opts: Options, size: int, policy_name: str, workdir: Path) -> R
         journal = SqliteJournal(db, SystemClock(), checkpoint_every_s=None)
         wait_until(lambda: journal.get_meta(LAYOUT_KEY) is not None, began + opts.deadline_s)
         events = storm(opts, size, SystemClock())
-        answers = asyncio.run(send(url, events, opts.spread_s))
-        codes = [c for c, _ in answers]
+        cpu = (time.process_time(), cpu_seconds(server.pid))
+        answers = asyncio.run(send(port, events, opts.spread_s))
+        cpu = (time.process_time() - cpu[0], cpu_seconds(server.pid) - cpu[1])
+        codes = [c for c, _, _ in answers]
         if any(c != 200 for c in codes):
             raise SystemExit(f"the intake refused events: status codes {sorted(set(codes))}")
         finished = wait_until(lambda: settled(journal), time.monotonic() + opts.deadline_s)
@@ -141,8 +170,15 @@ def run_one_http(opts: Options, size: int, policy_name: str, workdir: Path) -> R
         **counts,
         wall_s=time.monotonic() - began,
         path="http",
-        intake=Latencies([t for _, t in answers]).summary(),
+        intake={
+            **Latencies([t for _, _, t in answers]).summary(),
+            "load_cpu_s": cpu[0],
+            "server_cpu_s": cpu[1],
+        },
     )
+    sent = {e.id: at for e, (_, at, _) in zip(events, answers, strict=True)}
+    m = measure(journal, set(sent), sent)
+    res.from_send = {"decision": m["decision"], "takedown": m["takedown"]}
     journal.close()
     return res
 

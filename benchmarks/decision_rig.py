@@ -8,7 +8,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,22 +169,32 @@ class Result:
     """How the events came in: ``append`` (journal.append_events in-process) or ``http``."""
     intake: dict[str, Any] | None = None
     """``http`` only: seconds from sending each POST to its answer (after the commit)."""
+    from_send: dict[str, Any] | None = None
+    """``http`` only: ``decision`` and ``takedown`` measured from sending the POST instead
+    of from the receipt."""
 
 
 def _phase(inc: IncidentRecord, name: str) -> float | None:
     return next((p.at.mono for p in inc.phases if p.name == name), None)
 
 
-def measure(journal: Journal, storm_ids: set[str]) -> dict[str, Any]:
-    """Per-event latencies of the storm, from the journal's incidents and their stamps."""
+def measure(
+    journal: Journal, storm_ids: set[str], sent: Mapping[str, float] | None = None
+) -> dict[str, Any]:
+    """Per-event latencies of the storm, from the journal's incidents and their stamps:
+    from each event's receipt, or from when it was ``sent`` (event id -> monotonic seconds,
+    comparable between processes of one boot) when given."""
     decision, takedown, held = Latencies(), Latencies(), Latencies()
     first, last_decided, last_done, promoted = math.inf, 0.0, 0.0, 0
     for inc in journal.incidents():
-        if not storm_ids.intersection(inc.event_ids):
+        ours = storm_ids.intersection(inc.event_ids)
+        if not ours:
             continue
         received, decided = _phase(inc, "received"), _phase(inc, "decided")
         if received is None or decided is None:
             continue
+        if sent is not None:
+            received = min(sent[e] for e in ours)
         first, last_decided = min(first, received), max(last_decided, decided)
         decision.values.append(decided - received)
         for rec in inc.actions:

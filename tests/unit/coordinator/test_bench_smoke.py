@@ -52,4 +52,6 @@ def test_bench_runs_a_small_storm_through_the_http_intake(tmp_path: Path) -> Non
     assert r.takedown["count"] == 5
     assert r.intake is not None
     assert r.intake["count"] == 5
+    assert r.from_send is not None
+    assert r.from_send["decision"]["count"] == 5
     assert r.slurm_updates >= 1  # counted in the server process and handed back
