@@ -38,6 +38,17 @@ class Rules:
         self.config = config
         self.catalogue = catalogue
         self.state = PolicyState.empty()
+        self._view: tuple[tuple[NodeInfo, ...], ClusterView] | None = None
+
+    def view(self, nodes: Sequence[NodeInfo]) -> ClusterView:
+        """The policy's view of ``nodes``. The engine passes the same tuple for every event
+        of a step; building the view (and its partition sizes) once per tuple instead of once
+        per event keeps a decision at 10,000 nodes from costing milliseconds of copying."""
+        if isinstance(nodes, tuple):  # immutable, so the view built from it stays right
+            if self._view is None or self._view[0] is not nodes:
+                self._view = (nodes, ClusterView.from_nodes(nodes))
+            return self._view[1]
+        return ClusterView.from_nodes(nodes)
 
     @property
     def hold_max_age_s(self) -> float:
@@ -50,7 +61,7 @@ class Rules:
 
     def decide(self, event: HealthEvent, nodes: Sequence[NodeInfo], now: float) -> Decision:
         """The decision for ``event`` received at ``now`` (Unix seconds). Pure: no state change."""
-        view = ClusterView.from_nodes(nodes)
+        view = self.view(nodes)
         if event.fault == REPAIRED:
             return self._repair_decision(event, view, now)
         return decide(self.state, event, view, self.config, self.catalogue, now)
@@ -87,12 +98,12 @@ class Rules:
     def refuse_repair(self, node: str, nodes: Sequence[NodeInfo], now: float) -> str | None:
         """Why ``node`` cannot go back to the pool now (flapping), or None when it can.
         Raises UsageError for an unknown node or one we did not take out."""
-        verdict = on_repaired(self.state, node, ClusterView.from_nodes(nodes), self.config, now)
+        verdict = on_repaired(self.state, node, self.view(nodes), self.config, now)
         return None if verdict.returned else verdict.why
 
     def breaker_status(self, nodes: Sequence[NodeInfo], now: float) -> dict[str, Any]:
         """The breaker's window, limits and what it holds, JSON-ready."""
-        view = ClusterView.from_nodes(nodes)
+        view = self.view(nodes)
         return breaker_status(self.state, view, self.config, now).to_json()
 
     def breaker_reset(self, now: float) -> None:

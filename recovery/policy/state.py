@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -52,7 +53,8 @@ class ClusterView:
     @classmethod
     def from_nodes(cls, nodes: Sequence[NodeInfo]) -> ClusterView:
         """The view of ``nodes`` (a later duplicate name wins)."""
-        return cls(frozen_map({n.name: n for n in nodes}))
+        # The dict is new and never escapes: wrapped, not copied a second time.
+        return cls(MappingProxyType({n.name: n for n in nodes}))
 
     def has(self, node: str) -> bool:
         """True when Slurm knows ``node``."""
@@ -68,12 +70,12 @@ class ClusterView:
         info = self.nodes.get(node)
         return info is not None and is_spare(info)
 
-    @property
+    @cached_property
     def spares(self) -> frozenset[str]:
         """Nodes in the spare pool."""
         return frozenset(n for n in self.nodes if self.is_spare(n))
 
-    @property
+    @cached_property
     def in_service(self) -> frozenset[str]:
         """Nodes that may receive new jobs."""
         return frozenset(n for n, info in self.nodes.items() if info.in_service)
@@ -83,9 +85,11 @@ class ClusterView:
         info = self.nodes.get(node)
         return (info.partitions or (NO_PARTITION,)) if info else ()
 
-    @property
+    @cached_property
     def partition_sizes(self) -> Mapping[str, int]:
-        """Nodes per partition, spares not counted (they serve no jobs)."""
+        """Nodes per partition, spares not counted (they serve no jobs). Computed once per
+        view: the breaker asks for it on every take-out decision, and at 10,000 nodes the
+        count took longer than the rest of the decision."""
         sizes: dict[str, int] = {}
         for name in self.nodes:
             if not self.is_spare(name):
@@ -172,6 +176,18 @@ class PolicyState:
         first."""
         held = [(n, s.incident) for n, s in self.nodes.items() if s.incident and s.incident.held]
         return sorted(held, key=lambda p: (p[1].opened_at, p[0]))
+
+    def first_held(self) -> tuple[int, str | None]:
+        """``(how many incidents are held, the oldest one's id)``: what the breaker checks on
+        every take-out, in one pass without sorting (a storm holds hundreds)."""
+        count, first, key = 0, None, (0.0, "")
+        for n, s in self.nodes.items():
+            inc = s.incident
+            if inc is not None and inc.held:
+                count += 1
+                if first is None or (inc.opened_at, n) < key:
+                    first, key = inc.id, (inc.opened_at, n)
+        return count, first
 
 
 def advance(state: PolicyState, event: HealthEvent, decision: Decision, now: float) -> PolicyState:

@@ -14,6 +14,7 @@ pure logic may use an in-memory fake of this port.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -114,6 +115,12 @@ class Journal(Protocol):
 
     def undecided(self) -> list[StoredEvent]:
         """Events committed but not yet decided, in arrival order."""
+        ...
+
+    def batch(self) -> AbstractContextManager[None]:
+        """The calling thread's writes inside the ``with`` block commit together, durable on
+        exit (one sync instead of one per write); each write stays atomic by itself. Act on
+        nothing written inside before the block exits."""
         ...
 
     def record_decision(self, decision: Decision, at: Stamp) -> list[ActionRecord]:

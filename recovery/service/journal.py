@@ -62,7 +62,9 @@ class SqliteJournal:
         commits."""
         self.path = Path(path)
         self._clock = clock
-        self._lock = threading.Lock()
+        # Reentrant: a batch holds it throughout, and the writes inside take it again.
+        self._lock = threading.RLock()
+        self._batching = False  # read and set only by the thread holding _lock
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._closed = False
@@ -132,11 +134,15 @@ class SqliteJournal:
 
     @contextmanager
     def _write(self, what: str) -> Iterator[sqlite3.Connection]:
-        """One write transaction on the writer connection, committed (and synced) on exit."""
+        """One write transaction on the writer connection, committed (and synced) on exit;
+        inside a :meth:`batch`, a savepoint of the batch's transaction instead."""
         with self._lock:
             self._check_open()
             conn = self._writer
             with self._errors(what):
+                if self._batching:
+                    yield from self._savepoint(conn)
+                    return
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield conn
@@ -144,6 +150,47 @@ class SqliteJournal:
                     conn.execute("ROLLBACK")
                     raise
                 conn.execute("COMMIT")
+
+    @staticmethod
+    def _savepoint(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+        # A write that fails inside a batch leaves nothing of itself; the batch goes on.
+        conn.execute("SAVEPOINT write")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK TO write")
+            conn.execute("RELEASE write")
+            raise
+        conn.execute("RELEASE write")
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Run this thread's writes inside one transaction, committed and synced once on exit:
+        one fsync for a burst of small writes (the decisions of an engine step) instead of
+        one each.
+
+        Every write method inside stays atomic by itself (a savepoint): one that raises leaves
+        nothing and the others stand. On exit, also by an exception, what was written is
+        committed; the exception then propagates. Nothing inside is durable before the exit,
+        so act on none of it (call Slurm) until then. Reads use their own connection and see
+        the batch's writes only after the exit. Writes from other threads wait for the end:
+        keep batches short. A batch inside a batch joins it. Raises JournalError when the
+        journal is closed or the commit fails.
+        """
+        with self._lock:
+            if self._batching:
+                yield
+                return
+            self._check_open()
+            with self._errors("begin a batch"):
+                self._writer.execute("BEGIN IMMEDIATE")
+            self._batching = True
+            try:
+                yield
+            finally:
+                self._batching = False
+                with self._errors("commit a batch"):
+                    self._writer.execute("COMMIT")
 
     @contextmanager
     def _read(self, what: str) -> Iterator[sqlite3.Connection]:

@@ -1,0 +1,120 @@
+"""SqliteJournal.batch: many writes, one commit; each write still atomic by itself."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from recovery.errors import JournalError
+from recovery.ports.clock import FakeClock
+from recovery.ports.journal import ActionStatus, Phase
+from recovery.service import plan
+from recovery.service.journal import SqliteJournal
+from tests.service.helpers import event, replace_decision
+
+
+def _commits(journal: SqliteJournal) -> list[str]:
+    seen: list[str] = []
+    journal._writer.set_trace_callback(
+        lambda sql: seen.append(sql) if sql.strip().upper() == "COMMIT" else None
+    )
+    return seen
+
+
+def _stored_ids(journal: SqliteJournal) -> list[str]:
+    # A connection of its own: it sees only what was committed.
+    with sqlite3.connect(journal.path) as conn:
+        return [r[0] for r in conn.execute("SELECT event_id FROM decisions ORDER BY event_id")]
+
+
+def test_the_writes_of_a_batch_commit_once_at_its_end(
+    journal: SqliteJournal, clock: FakeClock
+) -> None:
+    events = [event(i, node=f"n{i}") for i in range(3)]
+    journal.append_events(events, clock.now())
+    commits = _commits(journal)
+    with journal.batch():
+        for i, ev in enumerate(events):
+            journal.record_decision(replace_decision(ev, f"inc-{i}"), clock.now())
+            journal.add_phase(f"inc-{i}", Phase("received", clock.now()))
+        assert _stored_ids(journal) == [], "nothing is committed inside the batch"
+        assert commits == []
+    assert len(commits) == 1
+    assert _stored_ids(journal) == ["ev-0", "ev-1", "ev-2"]
+    assert [r.status for r in journal.pending_actions()] == [ActionStatus.planned] * 6
+
+
+def test_a_failing_write_leaves_nothing_and_the_batch_goes_on(
+    journal: SqliteJournal, clock: FakeClock
+) -> None:
+    journal.append_events([event(1), event(2, node="n2")], clock.now())
+    with journal.batch():
+        journal.record_decision(replace_decision(event(1), "inc-1"), clock.now())
+        with pytest.raises(JournalError, match="not in the journal"):
+            journal.record_decision(replace_decision(event(9), "inc-9"), clock.now())
+        journal.record_decision(replace_decision(event(2, node="n2"), "inc-2"), clock.now())
+    assert _stored_ids(journal) == ["ev-1", "ev-2"]
+    assert [i.id for i in journal.incidents()] == ["inc-1", "inc-2"]
+
+
+def test_what_was_written_before_an_exception_is_committed(
+    journal: SqliteJournal, clock: FakeClock
+) -> None:
+    journal.append_events([event(1)], clock.now())
+
+    def decide_then_fail() -> None:
+        with journal.batch():
+            journal.record_decision(replace_decision(event(1), "inc-1"), clock.now())
+            raise RuntimeError("engine failed")
+
+    with pytest.raises(RuntimeError, match="engine failed"):
+        decide_then_fail()
+    assert _stored_ids(journal) == ["ev-1"]
+    assert journal.undecided() == []
+
+
+def test_a_nested_batch_joins_the_outer_one(journal: SqliteJournal, clock: FakeClock) -> None:
+    commits = _commits(journal)
+    with journal.batch():
+        journal.append_events([event(1)], clock.now())
+        with journal.batch():
+            journal.append_events([event(2)], clock.now())
+        assert commits == []
+    assert len(commits) == 1
+    assert [s.event.id for s in journal.undecided()] == ["ev-1", "ev-2"]
+
+
+def test_writes_outside_a_batch_still_commit_one_by_one(
+    journal: SqliteJournal, clock: FakeClock
+) -> None:
+    commits = _commits(journal)
+    journal.append_events([event(1)], clock.now())
+    journal.append_events([event(2)], clock.now())
+    assert len(commits) == 2
+
+
+def test_a_closed_journal_refuses_a_batch(journal: SqliteJournal) -> None:
+    journal.close()
+    with pytest.raises(JournalError, match="closed"), journal.batch():
+        pass
+
+
+def test_a_write_failing_halfway_is_undone_inside_the_batch(
+    journal: SqliteJournal, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal.append_events([event(1), event(2, node="n2")], clock.now())
+
+    def broken(*_args: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    with journal.batch():
+        journal.record_decision(replace_decision(event(1), "inc-1"), clock.now())
+        with monkeypatch.context() as m:
+            # Fails after the incident was opened and the decision stored.
+            m.setattr(plan, "plan_actions", broken)
+            with pytest.raises(JournalError, match="disk I/O error"):
+                journal.record_decision(replace_decision(event(2, node="n2"), "inc-2"), clock.now())
+    assert _stored_ids(journal) == ["ev-1"]
+    assert [i.id for i in journal.incidents()] == ["inc-1"]
+    assert [s.event.id for s in journal.undecided()] == ["ev-2"]
