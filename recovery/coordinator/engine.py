@@ -43,6 +43,7 @@ from recovery.model.events import HEARTBEAT_LOST, REPAIRED
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import ActionStatus, Journal, Phase, StoredEvent
 from recovery.ports.slurm import JobInfo, NodeInfo, SlurmControl
+from recovery.spares import is_ready_spare
 
 T = TypeVar("T")
 #: Journal meta key: the wall times of every breaker reset, oldest first (JSON list).
@@ -66,6 +67,10 @@ class EngineSettings:
     tick_s: float = 0.5
     command_timeout_s: float = 30.0
     suspect_after_s: float = 20.0
+    apply_slice_s: float = 0.2
+    """Seconds of single actions per step before new events are decided again."""
+    decide_batch: int = 100
+    """Decisions committed together (one fsync); Slurm is acted on only after the commit."""
     executor: ExecutorSettings = field(default_factory=ExecutorSettings)
 
 
@@ -120,6 +125,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._view: tuple[NodeInfo, ...] = ()
         self._jobs: tuple[JobInfo, ...] = ()
+        self._jobs_by_node: dict[str, list[JobInfo]] = {}
         self._view_at: Stamp | None = None
         self._layout: str | None = None
         self._lock = threading.Lock()
@@ -173,7 +179,16 @@ class Engine:
         self._run_commands()
         self._refresh()
         self.decide_pending()
-        self.executor.run_pending()
+        # Single actions (promotions, requeues) yield after a while to the next step, which
+        # decides what arrived meanwhile first: a storm's decisions never wait behind them.
+        self.executor.deadline = self.clock.now().mono + self.settings.apply_slice_s
+        try:
+            self.executor.run_pending()
+        finally:
+            self.executor.deadline = None
+        if self.executor.cut_short:
+            self._wake.set()  # more to apply: straight into the next step
+            return
         self.reconcile()
 
     # --- CoordinatorApi -----------------------------------------------------------------
@@ -242,14 +257,22 @@ class Engine:
             # Kept so that `recover policy replay` can re-decide against the same cluster.
             self.journal.set_meta(LAYOUT_KEY, layout)
             self._layout = layout
+        by_node: dict[str, list[JobInfo]] = {}
+        for j in jobs:
+            for n in j.nodes:
+                by_node.setdefault(n, []).append(j)
+        self._jobs_by_node = by_node
         with self._lock:
             self._view, self._jobs, self._view_at = view, jobs, self.clock.now()
 
     def decide_pending(self) -> int:
         """Decide every acknowledged, undecided event in arrival order; returns how many."""
         pending = self.journal.undecided()
-        for stored in pending:
-            self._decide(stored)
+        n = self.settings.decide_batch
+        for start in range(0, len(pending), n):
+            with self.journal.batch():
+                for stored in pending[start : start + n]:
+                    self._decide(stored)
         return len(pending)
 
     def _decide(self, stored: StoredEvent) -> None:
@@ -263,7 +286,7 @@ class Engine:
         lag = max(0.0, received.wall - ev.observed_at)
         self.journal.add_phase(inc, Phase("fault", Stamp(ev.observed_at, received.mono - lag)))
         self.journal.add_phase(inc, Phase("received", received))
-        jobs = [j for j in self._jobs if ev.node in j.nodes and not j.finished]
+        jobs = [j for j in self._jobs_by_node.get(ev.node, ()) if not j.finished]
         self.journal.update_incident(
             inc,
             jobs=[j.job_id for j in jobs],
@@ -289,7 +312,7 @@ class Engine:
                 continue
             if isinstance(rec.action, SaveThenRequeue):
                 self.executor.finish_save(rec)
-            elif isinstance(rec.action, PromoteSpare):
+            elif isinstance(rec.action, PromoteSpare) and any(map(is_ready_spare, self._view)):
                 self.executor.retry_promotion(rec)
         self._expire_held(now)
         self._watch_heartbeats(now)

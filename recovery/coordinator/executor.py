@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from recovery.errors import NoSpareError, RecoverError, TransientError
+from recovery.errors import RecoverError, TransientError
 from recovery.model import (
     Action,
     Drain,
@@ -83,6 +83,11 @@ class Executor:
         self._sleep = sleep
         self.log = log
         self.pool = SparePool(slurm)
+        self.deadline: float | None = None
+        """Monotonic time after which single actions wait for the next step (which decides
+        new events first); None: no limit. Batched take-downs always run."""
+        self.cut_short = False
+        self._spares: list[NodeInfo] | None = None
 
     # --- driving ------------------------------------------------------------------------
 
@@ -91,14 +96,17 @@ class Executor:
         Take-downs and drains with the same reason go out as one Slurm call. Returns how many
         actions changed status."""
         changed = 0
-        while True:
+        self.cut_short = False
+        while not self.cut_short:
             ready = self._ready(self.journal.pending_actions())
+            self._spares = None
             if not ready:
                 return changed
             progressed = self._apply_round(ready)
             changed += progressed
             if not progressed:
                 return changed
+        return changed
 
     @staticmethod
     def _ready(pending: Sequence[ActionRecord]) -> list[ActionRecord]:
@@ -127,6 +135,9 @@ class Executor:
         for (kind, reason), recs in batches.items():
             progressed += self._take_out(kind, reason, recs)
         for rec in singles:
+            if self.deadline is not None and self.clock.now().mono > self.deadline:
+                self.cut_short = True
+                break
             progressed += self._apply_one(rec)
         return progressed
 
@@ -173,11 +184,14 @@ class Executor:
             # One refused node must not sink the others: apply them one by one.
             return sum(self._apply_one(r) for r in recs)
         phase = "node-down" if kind == TakeDown.kind else "node-drained"
-        for r in recs:
-            node = r.action.node
-            note = "" if node in changed else "already held"
-            self._finish(r, ActionStatus.done, note or "changed")
-            self._phase(r.incident, phase, f"{node} {note}".strip())
+        # One commit for all outcomes: Slurm already acted, and a restart before the commit
+        # only applies the take-downs again, which changes nothing.
+        with self.journal.batch():
+            for r in recs:
+                node = r.action.node
+                note = "" if node in changed else "already held"
+                self._finish(r, ActionStatus.done, note or "changed")
+                self._phase(r.incident, phase, f"{node} {note}".strip())
         return len(recs)
 
     # --- everything else, one at a time -------------------------------------------------
@@ -275,25 +289,34 @@ class Executor:
         return ActionStatus.done, f"requeued {' '.join(done)}" if done else "no jobs to requeue"
 
     def _promote(self, rec: ActionRecord) -> tuple[ActionStatus, str]:
-        failed = rec.action.node
-        info = self.journal.incident(rec.incident).info
-        chosen = info.get("spare")
-        if chosen is None:
-            ready = [n for n in self.slurm.nodes() if is_ready_spare(n)]
-            pick = self.choose_spare(ready, failed)
-            if pick is None:
-                self._phase(rec.incident, "no-spare", "the spare pool is empty")
-                return ActionStatus.waiting, "no ready spare in the pool; waiting for one"
-            chosen = pick.name
-            # Noted before promoting: a restarted coordinator re-promotes this same spare
-            # (a no-op once it is in service) rather than taking a second one.
-            self.journal.update_incident(rec.incident, info={"spare": chosen})
-        try:
-            self.pool.promote(chosen)
-        except NoSpareError as e:
-            # The chosen spare went away (stopped answering, taken by someone): choose again.
+        chosen = self.journal.incident(rec.incident).info.get("spare")
+        if chosen is not None:
+            return self._promote_noted(rec, str(chosen))
+        if self._spares is None:  # one read of the pool per round of promotions
+            self._spares = [n for n in self.slurm.nodes() if is_ready_spare(n)]
+        pick = self.choose_spare(self._spares, rec.action.node)
+        if pick is None:
+            self._phase(rec.incident, "no-spare", "the spare pool is empty")
+            return ActionStatus.waiting, "no ready spare in the pool; waiting for one"
+        self._spares.remove(pick)
+        # Noted before promoting: a restarted coordinator finds this spare and finishes its
+        # promotion rather than taking a second one.
+        self.journal.update_incident(rec.incident, info={"spare": pick.name})
+        self.slurm.resume(pick.name)
+        self._phase(rec.incident, "spare-promoted", pick.name)
+        return ActionStatus.done, f"promoted {pick.name}"
+
+    def _promote_noted(self, rec: ActionRecord, chosen: str) -> tuple[ActionStatus, str]:
+        # A spare chosen earlier (before a restart, or on a tick that failed): promoted
+        # already, still ready, or gone (stopped answering, taken by someone): choose again.
+        node = self.slurm.node(chosen)
+        if node.in_service:
+            self._phase(rec.incident, "spare-promoted", chosen)
+            return ActionStatus.done, f"promoted {chosen}"
+        if not is_ready_spare(node):
             self.journal.update_incident(rec.incident, info={"spare": None})
-            return ActionStatus.planned, str(e)
+            return ActionStatus.planned, f"{chosen} is no longer a ready spare; choosing again"
+        self.slurm.resume(chosen)
         self._phase(rec.incident, "spare-promoted", chosen)
         return ActionStatus.done, f"promoted {chosen}"
 

@@ -58,3 +58,14 @@ def test_a_crashed_node_no_agent_reported_becomes_one_incident(rig: Rig) -> None
     rig.restart().step()
     rig.engine.step()
     assert [i.node for i in rig.journal.incidents()] == ["n3"]  # seen again: a duplicate id
+
+
+def test_a_spare_promoted_just_before_the_kill_is_not_followed_by_a_second(rig: Rig) -> None:
+    rig.slurm.crash_before.add("resume")
+    with pytest.raises(Crash):
+        rig.send(event("n2", "xid79"))
+    rig.slurm.resume("s1")  # the resume took effect; the coordinator died before recording it
+    rig.restart().step()
+    assert [c for c in rig.slurm.updates() if c[0] == "resume"] == [("resume", "s1")]
+    promote = rig.incident("n2").actions[-1]
+    assert (promote.status, promote.detail) == (ActionStatus.done, "promoted s1")
