@@ -129,7 +129,13 @@ def _kill_loop(directory: Path, kills: int, seed: int) -> int:
             time.sleep(rng.uniform(0.0, 0.03))
         finally:
             proc.send_signal(signal.SIGKILL)
-            out, err = proc.communicate()
+            proc.wait()
+            # Read through the same buffered streams as readline did: communicate() reads the
+            # raw pipes and would miss lines readline had already buffered (and with them the
+            # "acking" of an event, which then looks lost).
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            out, err = proc.stdout.read(), proc.stderr.read()
         assert proc.returncode == -signal.SIGKILL, err
         # Lines printed after the last one we read. A kill can cut the last one short: such
         # an event was never reported as spooled, so it is not counted as confirmed.
