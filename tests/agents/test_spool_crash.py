@@ -21,6 +21,7 @@ import pytest
 from agents import spool as spool_mod
 from agents.spool import Spool
 from tests.agents.helpers import Crash, CrashingOs, make_event
+from tests.helpers import kill_and_drain
 
 CHILD = Path(__file__).with_name("spool_child.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,14 +129,7 @@ def _kill_loop(directory: Path, kills: int, seed: int) -> int:
                 record(*_read(proc))
             time.sleep(rng.uniform(0.0, 0.03))
         finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            # Read through the same buffered streams as readline did: communicate() reads the
-            # raw pipes and would miss lines readline had already buffered (and with them the
-            # "acking" of an event, which then looks lost).
-            assert proc.stdout is not None
-            assert proc.stderr is not None
-            out, err = proc.stdout.read(), proc.stderr.read()
+            out, err = kill_and_drain(proc)
         assert proc.returncode == -signal.SIGKILL, err
         # Lines printed after the last one we read. A kill can cut the last one short: such
         # an event was never reported as spooled, so it is not counted as confirmed.

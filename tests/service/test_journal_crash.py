@@ -19,6 +19,7 @@ import pytest
 
 from recovery.ports.clock import FakeClock
 from recovery.service.journal import SqliteJournal
+from tests.helpers import kill_and_drain
 from tests.service.helpers import crash_event
 
 CHILD = Path(__file__).with_name("journal_crash_child.py")
@@ -78,8 +79,7 @@ def _kill_loop(path: Path, kills: int, seed: int) -> tuple[int, int]:
                 lines.append(_line(proc))
             time.sleep(rng.uniform(0.0, 0.02))
         finally:
-            proc.send_signal(signal.SIGKILL)
-            out, err = proc.communicate()
+            out, err = kill_and_drain(proc)
         assert proc.returncode == -signal.SIGKILL, err
         lines += [line for line in out.splitlines() if line.startswith("acked")]
         attempted = start

@@ -27,6 +27,7 @@ import pytest
 
 from recovery.checkpoint import CheckpointStore, RetentionPolicy, RunLock
 from recovery.checkpoint import format as fmt
+from tests.helpers import kill_and_drain
 from tests.unit.checkpoint.conftest import patch_os
 
 AssertSame = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None]
@@ -210,8 +211,7 @@ def _kill_loop(root: Path, kills: int, seed: int) -> list[int]:
                 durable = int(saved)
             time.sleep(rng.uniform(0.0, 0.06))
         finally:
-            proc.send_signal(signal.SIGKILL)
-            out, err = proc.communicate()
+            out, err = kill_and_drain(proc)
         assert proc.returncode == -signal.SIGKILL, err
         for line in out.splitlines():  # saves that finished after the last line we read
             durable = int(line.split()[1])
