@@ -40,6 +40,7 @@ from recovery.model import (
     TakeDown,
 )
 from recovery.model.events import HEARTBEAT_LOST, REPAIRED
+from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import ActionStatus, Journal, Phase, StoredEvent
 from recovery.ports.slurm import JobInfo, NodeInfo, SlurmControl
@@ -101,8 +102,11 @@ class Engine:
         log: Callable[[str], None] = lambda _msg: None,
         sleep: Callable[[float], None] | None = None,
         heartbeats: Heartbeats | None = None,
+        checker: RepairChecker | None = None,
     ) -> None:
         self.journal = journal
+        self.checker = checker
+        self._checked: dict[str, float] = {}
         self.heartbeats = heartbeats
         self._suspects: frozenset[str] = frozenset()
         self.slurm = slurm
@@ -316,6 +320,7 @@ class Engine:
                 self.executor.retry_promotion(rec)
         self._expire_held(now)
         self._watch_heartbeats(now)
+        self._run_repair_checks(now)
         for inc in self.journal.incidents(open_only=True):
             progress = follow_jobs(inc, self._jobs)
             for name, detail in progress.phases:
@@ -347,6 +352,23 @@ class Engine:
             self.journal.append_events(fresh, now)
             self._wake.set()
 
+    def _run_repair_checks(self, now: Stamp) -> None:
+        """Every ``repair_check.interval_s`` seconds, check each node we hold out; one that
+        passes goes back to the pool exactly as `recover node repaired` would send it."""
+        check = self.rules.config.repair_check
+        if check is None or self.checker is None:
+            return
+        for node in self.rules.out_nodes():
+            if now.mono - self._checked.get(node, -1e18) < check.interval_s:
+                continue
+            self._checked[node] = now.mono
+            if not self.checker.passes(node):
+                continue
+            try:
+                self._repaired(node, "repair check passed")
+            except UsageError as e:  # flapping, or someone else holds it now: it stays out
+                self.log(f"repair check passed for {node}, but it stays out: {e}")
+
     def _expire_held(self, now: Stamp) -> list[int]:
         expired = []
         for rec in self.journal.held_actions():
@@ -360,7 +382,7 @@ class Engine:
 
     # --- operator commands (worker thread) ------------------------------------------------
 
-    def _repaired(self, node: str) -> dict[str, Any]:
+    def _repaired(self, node: str, why: str = "operator: node repaired") -> dict[str, Any]:
         known = {n.name for n in self._view}
         if node not in known:
             raise unknown_choice("node", node, known)
@@ -371,7 +393,7 @@ class Engine:
             source=Source.operator,
             fault=REPAIRED,
             observed_at=now.wall,
-            message="operator: node repaired",
+            message=why,
         )
         refusal = self.rules.refuse_repair(node, self._view, now.wall)
         if refusal:

@@ -95,6 +95,10 @@ class Rules:
             policy_version=self.version,
         )
 
+    def out_nodes(self) -> list[str]:
+        """Nodes this policy took out and has not seen repaired, sorted."""
+        return sorted(n for n, s in self.state.nodes.items() if s.out)
+
     def refuse_repair(self, node: str, nodes: Sequence[NodeInfo], now: float) -> str | None:
         """Why ``node`` cannot go back to the pool now (flapping), or None when it can.
         Raises UsageError for an unknown node or one we did not take out."""

@@ -22,6 +22,7 @@ from recovery.policy.config import (
     BreakerConfig,
     FlappingConfig,
     PolicyConfig,
+    RepairCheck,
     SpareTopology,
     load_policy_config,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "PolicyConfig",
     "PolicyFileError",
     "PolicyState",
+    "RepairCheck",
     "RepairVerdict",
     "ReplayDifference",
     "Severity",

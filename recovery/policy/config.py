@@ -81,6 +81,19 @@ class SpareTopology:
 
 
 @dataclass(frozen=True)
+class RepairCheck:
+    """A command that says whether a node we took out is healthy again (exit 0: repaired).
+
+    ``command`` is an argv; ``{node}`` in any item is replaced by the node's name. It runs
+    every ``interval_s`` seconds for each node we hold out, with ``timeout_s`` seconds to
+    answer (a timeout counts as not repaired)."""
+
+    command: tuple[str, ...]
+    interval_s: float = 60.0
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     """Everything the policy's behaviour depends on besides the catalogue."""
 
@@ -103,6 +116,9 @@ class PolicyConfig:
     """Spare choice by topology."""
     dry_run: bool = False
     """Decide and record, but let the executor apply nothing."""
+    repair_check: RepairCheck | None = None
+    """A passing check returns a node to the pool as `recover node repaired` would; None:
+    only an operator does."""
 
     @classmethod
     def default(cls) -> PolicyConfig:
@@ -139,6 +155,7 @@ _TOP = (
     "save_timeout_s",
     "spares",
     "dry_run",
+    "repair_check",
 )
 
 
@@ -166,6 +183,28 @@ def load_policy_config(path: Path | None, *, catalogue: Catalogue | None = None)
         save_timeout_s=_seconds(data, "save_timeout_s", d.save_timeout_s, where),
         spares=_spares(data.get("spares", {}), f"{where}: spares"),
         dry_run=boolean(data.get("dry_run", False), f"{where}: dry_run"),
+        repair_check=_repair_check(data.get("repair_check"), f"{where}: repair_check"),
+    )
+
+
+def _repair_check(raw: object, where: str) -> RepairCheck | None:
+    if raw is None:
+        return None
+    data = require_mapping(raw, where)
+    check_keys(data, where, ("command", "interval_s", "timeout_s"))
+    command = data.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        raise PolicyFileError(
+            f"{where}: command: expected a list of strings (an argv, '{{node}}' for the node), "
+            f"e.g. [/usr/local/bin/gpu-check, '{{node}}']; got {command!r}"
+        )
+    d = RepairCheck(("true",))
+    return RepairCheck(
+        command=tuple(command),
+        interval_s=number(
+            data.get("interval_s", d.interval_s), f"{where}: interval_s", strict=True
+        ),
+        timeout_s=number(data.get("timeout_s", d.timeout_s), f"{where}: timeout_s", strict=True),
     )
 
 

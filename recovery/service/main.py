@@ -26,6 +26,7 @@ from recovery.ports.clock import SystemClock
 from recovery.service.agents_api import AgentChannel
 from recovery.service.app import create_app
 from recovery.service.auth import generate_tokens, load_tokens
+from recovery.service.checks import CommandCheck
 from recovery.service.journal import SqliteJournal
 from recovery.service.process import (
     ENDPOINT_FILE,
@@ -94,6 +95,8 @@ def run_coordinator(
     )
     agents = AgentChannel.default(clock, catalogue.known())
     engine.heartbeats = agents.heartbeats
+    if config.repair_check is not None:
+        engine.checker = CommandCheck(config.repair_check, log)
     app = create_app(journal=journal, tokens=tokens, coordinator=engine, clock=clock, agents=agents)
     engine.start()
     url = f"http://{host}:{port}"

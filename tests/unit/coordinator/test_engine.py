@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import UsageError
-from recovery.policy import BreakerConfig, PolicyConfig
+from recovery.policy import BreakerConfig, PolicyConfig, RepairCheck
 from recovery.ports.journal import ActionStatus, IncidentStatus
 from tests.fakes.slurm import FakeSlurm
 
@@ -165,3 +165,37 @@ def test_a_silent_agent_makes_its_node_a_suspect_once(rig: Rig) -> None:
     beats.nodes = []
     rig.engine.step()
     assert not any(r["suspect"] for r in rig.engine.nodes())
+
+
+class _Check:
+    """A repair check that passes for the nodes in ``healthy``; counts its runs."""
+
+    def __init__(self) -> None:
+        self.healthy: set[str] = set()
+        self.runs = 0
+
+    def passes(self, node: str) -> bool:
+        self.runs += 1
+        return node in self.healthy
+
+
+def test_a_passing_repair_check_returns_the_node_to_the_pool(tmp_path: Path) -> None:
+    config = PolicyConfig(repair_check=RepairCheck(("check", "{node}"), interval_s=60))
+    rig = Rig(tmp_path / "j.sqlite", FakeSlurm(NODES, ["s1"]), config=config)
+    check = _Check()
+    rig.engine.checker = check
+    rig.send(event("n2", "xid79"))
+    rig.engine.step()
+    assert check.runs == 1  # n2 is out: checked, still failing
+    rig.engine.step()
+    assert check.runs == 1  # not again within the interval
+    check.healthy.add("n2")
+    rig.clock.advance(61)
+    rig.engine.step()
+    n2 = rig.slurm.node("n2")
+    assert n2.drained
+    assert n2.reason == "recover: spare"
+    assert "returned-to-pool" in rig.phases("n2")
+    rig.clock.advance(61)
+    rig.engine.step()
+    assert check.runs == 2  # back in the pool: no longer checked

@@ -99,3 +99,17 @@ def test_bad_policy_file_names_key_and_valid_choices(
 def test_missing_policy_file(tmp_path: Path) -> None:
     with pytest.raises(PolicyFileError, match="cannot be read"):
         load_policy_config(tmp_path / "missing.yaml")
+
+
+def test_a_repair_check_is_read_and_checked(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("repair_check: {command: [/usr/bin/gpu-check, '{node}'], interval_s: 30}\n")
+    check = load_policy_config(good).repair_check
+    assert check is not None
+    assert (check.command, check.interval_s, check.timeout_s) == (
+        ("/usr/bin/gpu-check", "{node}"), 30.0, 30.0,
+    )  # fmt: skip
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("repair_check: {command: /usr/bin/gpu-check}\n")
+    with pytest.raises(PolicyFileError, match="expected a list of strings"):
+        load_policy_config(bad)
