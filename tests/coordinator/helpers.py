@@ -55,18 +55,28 @@ class Coordinator:
 
     def send(self, node: str, fault: str) -> str:
         """Report ``fault`` on ``node`` as an agent would (admin token); returns the event id."""
-        self._seq[0] += 1
-        ev = HealthEvent(
-            id=f"test-{os.getpid()}-{self._seq[0]}-{time.monotonic_ns()}",
-            node=node,
-            source=Source.injected,
-            fault=fault,
-            observed_at=time.time(),
-            injected=True,
-        )
-        answer = self.client.post("/v1/events", ev.model_dump(mode="json"))
-        assert answer["accepted"] == [ev.id]
-        return ev.id
+        (event_id,) = self.send_together([node], fault)
+        return event_id
+
+    def send_together(self, nodes: list[str], fault: str) -> list[str]:
+        """Report ``fault`` on each of ``nodes`` in one request (one commit, so the engine
+        decides them in one step against one view of the cluster); returns the event ids."""
+        events = []
+        for node in nodes:
+            self._seq[0] += 1
+            events.append(
+                HealthEvent(
+                    id=f"test-{os.getpid()}-{self._seq[0]}-{time.monotonic_ns()}",
+                    node=node,
+                    source=Source.injected,
+                    fault=fault,
+                    observed_at=time.time(),
+                    injected=True,
+                ).model_dump(mode="json")
+            )
+        answer = self.client.post("/v1/events", {"events": events})
+        assert answer["accepted"] == [e["id"] for e in events]
+        return list(answer["accepted"])
 
     def incidents(self) -> list[dict[str, Any]]:
         return list(self.client.get("/v1/incidents"))

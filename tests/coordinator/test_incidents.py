@@ -146,9 +146,9 @@ def test_breaker_holds_a_burst_and_reset_releases_it(
     coordinator: Coordinator, slurm_ctl: CliSlurm
 ) -> None:
     # The default breaker: half of a partition per 5 minutes. The partition has 3 nodes in
-    # service (the spare is not counted), so one take-out passes and two are held.
-    for node in ("node1", "node2", "node3"):
-        coordinator.send(node, "xid79")
+    # service (the spare is not counted), so one take-out passes and two are held. One
+    # request: decided together, before the spare's promotion changes the partition.
+    coordinator.send_together(["node1", "node2", "node3"], "xid79")
 
     def held_take_downs() -> set[str]:
         held = coordinator.client.get("/v1/breaker")["held"]
@@ -156,6 +156,8 @@ def test_breaker_holds_a_burst_and_reset_releases_it(
 
     held_nodes = wait_for(lambda: len(h := held_take_downs()) == 2 and h, 20, "two held")
     assert held_nodes == {"node2", "node3"}
+    # The holds are recorded with the decisions; node1's take-down follows in the same step.
+    wait_for(lambda: down_node(slurm_ctl, "node1"), 20, "node1 DOWN")
     assert {n.name for n in slurm_ctl.nodes() if n.down} == {"node1"}
     shown = coordinator.cli("breaker", "status")
     assert shown.returncode == 0, shown.stderr
