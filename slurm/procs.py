@@ -13,8 +13,12 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from recovery.proc import alive, parent_of, spawn, stat
+
+__all__ = ["MARKER_ENV", "NODE_ENV", "alive", "cluster_processes", "parent_of", "spawn", "stop"]
 
 #: Environment variable set on every daemon we start; its value is the cluster's state dir.
 MARKER_ENV = "RECOVER_SLURM_CLUSTER"
@@ -22,63 +26,6 @@ MARKER_ENV = "RECOVER_SLURM_CLUSTER"
 NODE_ENV = "RECOVER_SLURM_NODE"
 
 _PROC = Path("/proc")
-
-
-def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path) -> int:
-    """Start ``argv`` in a new session with stdout/stderr appended to ``log``; return its pid.
-
-    Raises OSError when the program cannot be executed.
-    """
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        return os.posix_spawnp(
-            argv[0],
-            list(argv),
-            dict(env),
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, fd, 1),
-                (os.POSIX_SPAWN_DUP2, fd, 2),
-            ],
-            setsid=True,
-        )
-    finally:
-        os.close(fd)
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, parent pid) of ``pid``, or None when it no longer exists."""
-    try:
-        text = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # The command name sits in parentheses and may itself contain spaces or ')'.
-    rest = text[text.rindex(")") + 2 :].split()
-    return rest[0], int(rest[1])
-
-
-def alive(pid: int) -> bool:
-    """True when ``pid`` exists and is not a zombie (a zombie of ours is reaped on the way)."""
-    st = _stat(pid)
-    if st is None:
-        return False
-    if st[0] in ("Z", "X"):
-        _reap(pid)
-        return False
-    return True
-
-
-def parent_of(pid: int) -> int | None:
-    """Parent pid of ``pid``, or None when it no longer exists."""
-    st = _stat(pid)
-    return None if st is None else st[1]
-
-
-def _reap(pid: int) -> None:
-    # Daemons started by this very process (a pytest session) become our zombies when they
-    # exit; daemons started by an earlier `recover cluster up` belong to init, which reaps them.
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 def _environ_has(pid: int, entries: set[bytes]) -> bool:
@@ -104,7 +51,7 @@ def cluster_processes(
         if not p.name.isdigit():
             continue
         pid = int(p.name)
-        st = _stat(pid)
+        st = stat(pid)
         if st is None or st[0] in ("Z", "X"):
             continue
         parents[pid] = st[1]

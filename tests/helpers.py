@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+from typing import Any
 
 
 def kill_and_drain(proc: subprocess.Popen[str]) -> tuple[str, str]:
@@ -19,3 +21,38 @@ def kill_and_drain(proc: subprocess.Popen[str]) -> tuple[str, str]:
     assert proc.stderr is not None
     with proc.stdout, proc.stderr:
         return proc.stdout.read(), proc.stderr.read()
+
+
+class Crash(BaseException):
+    """The process "died" here (a BaseException: nothing in the code under test may catch
+    it, as nothing survives a SIGKILL)."""
+
+
+class CrashingOs:
+    """Forwards to ``os``; the ``at``-th mutating call (0-based) raises :class:`Crash`
+    instead. A write at the crash point is torn: half of it lands, as after a kill; what was
+    written before stays."""
+
+    MUTATING = frozenset(
+        {"open", "write", "fsync", "rename", "close", "unlink", "mkdir", "makedirs"}
+    )
+
+    def __init__(self, at: int | None) -> None:
+        self.at = at
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(os, name)
+        if name not in self.MUTATING:
+            return real
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            n, self.calls = self.calls, self.calls + 1
+            if n == self.at:
+                if name == "write":
+                    fd, data = args
+                    os.write(fd, bytes(data[: len(data) // 2]))
+                raise Crash(f"killed at call #{n}: {name}")
+            return real(*args, **kwargs)
+
+        return call

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from recovery.errors import CoordinatorUnavailableError
 from recovery.fsutil import atomic_write
-from recovery.service.process import TOKENS_FILE, alive, spawn_logged
+from recovery.proc import alive, spawn
+from recovery.service.process import TOKENS_FILE
 
 AGENTS_FILE = "agents.json"
 
@@ -72,7 +73,7 @@ def start_agents(
             "--spool", str(d / "spool"), "--kmsg-file", str(kmsg_file(state_dir, node)),
             "--simulated-gpus", "8", "--heartbeat", "2",
         ]  # fmt: skip
-        pids[node] = spawn_logged(argv, d / "agent.log", env)
+        pids[node] = spawn(argv, os.environ if env is None else env, d / "agent.log")
     atomic_write(state_dir / AGENTS_FILE, (json.dumps(pids, indent=2) + "\n").encode())
     if connected is None:
         return pids

@@ -22,6 +22,7 @@ import httpx
 
 from recovery.errors import CoordinatorUnavailableError, RecoverError
 from recovery.fsutil import atomic_write
+from recovery.proc import alive, spawn
 
 #: Written by a serving coordinator into its state dir.
 ENDPOINT_FILE = "coordinator.json"
@@ -57,40 +58,6 @@ def read_endpoint(state_dir: Path) -> Endpoint | None:
     except (OSError, ValueError) as e:
         raise RecoverError(f"cannot read {state_dir / ENDPOINT_FILE}: {e}") from e
     return Endpoint(str(raw["url"]), int(raw["pid"]), state_dir)
-
-
-def alive(pid: int) -> bool:
-    """True when ``pid`` runs (and is not a zombie of ours)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    if state in ("Z", "X"):
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        return False
-    return True
-
-
-def spawn_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None) -> int:
-    """Start ``argv`` in its own session, stdin from /dev/null, stdout and stderr appended to
-    ``log``; returns its pid. Raises OSError when it cannot be executed."""
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        return os.posix_spawn(
-            argv[0],
-            list(argv),
-            dict(os.environ if env is None else env),
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, fd, 1),
-                (os.POSIX_SPAWN_DUP2, fd, 2),
-            ],
-            setsid=True,
-        )
-    finally:
-        os.close(fd)
 
 
 def healthy(url: str, timeout_s: float = 1.0) -> bool:
@@ -134,7 +101,7 @@ def start(
     if dry_run:
         argv.append("--dry-run")
     argv += list(extra_args)
-    pid = spawn_logged(argv, state_dir / LOG_FILE, env)
+    pid = spawn(argv, os.environ if env is None else env, state_dir / LOG_FILE)
     deadline = clock() + timeout_s
     while clock() < deadline:
         if not alive(pid):

@@ -76,37 +76,6 @@ class TracingOs:
         return "\n".join(f"  #{i} {op} {a} {b or ''}" for i, (op, a, b) in enumerate(self.trace))
 
 
-class Crash(BaseException):
-    """The process "died" here (BaseException: nothing in the code under test may catch it)."""
-
-
-class CrashingOs:
-    """Forwards to ``os``; the ``at``-th mutating call (0-based) raises :class:`Crash` instead.
-    A write at the crash point is torn: half of it lands, as after a kill."""
-
-    MUTATING = frozenset({"open", "write", "fsync", "rename", "close", "unlink", "makedirs"})
-
-    def __init__(self, at: int | None) -> None:
-        self.at = at
-        self.calls = 0
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(os, name)
-        if name not in self.MUTATING:
-            return real
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            n, self.calls = self.calls, self.calls + 1
-            if n == self.at:
-                if name == "write":
-                    fd, data = args
-                    os.write(fd, bytes(data[: len(data) // 2]))
-                raise Crash(f"killed at call #{n}: {name}")
-            return real(*args, **kwargs)
-
-        return call
-
-
 def make_event(n: int, *, node: str = "gpu-n3", fault: str = "xid79", size: int = 0) -> HealthEvent:
     """Event number ``n``: id ``<node>:test:<n>``, content a function of ``n``; ``size`` pads
     the message to make it that many characters."""

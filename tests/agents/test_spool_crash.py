@@ -20,8 +20,8 @@ import pytest
 
 from agents import spool as spool_mod
 from agents.spool import Spool
-from tests.agents.helpers import Crash, CrashingOs, make_event
-from tests.helpers import kill_and_drain
+from tests.agents.helpers import make_event
+from tests.helpers import Crash, CrashingOs, kill_and_drain
 
 CHILD = Path(__file__).with_name("spool_child.py")
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from recovery import proc
 from recovery.service import process
 from slurm.cluster import LocalCluster
 from tests.coordinator.helpers import SHIM, Coordinator
@@ -41,4 +42,4 @@ def coordinator(
     finally:
         process.stop(c.state_dir)
         if c.endpoint is not None:
-            assert not process.alive(c.endpoint.pid), "coordinator left running"
+            assert not proc.alive(c.endpoint.pid), "coordinator left running"

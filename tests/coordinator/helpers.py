@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recovery import proc
 from recovery.model import HealthEvent, Source
 from recovery.service import process
 from recovery.service.client import Client, admin_token
@@ -44,9 +45,9 @@ class Coordinator:
         assert self.endpoint is not None
         os.kill(self.endpoint.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while process.alive(self.endpoint.pid) and time.monotonic() < deadline:
+        while proc.alive(self.endpoint.pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not process.alive(self.endpoint.pid)
+        assert not proc.alive(self.endpoint.pid)
 
     @property
     def client(self) -> Client:

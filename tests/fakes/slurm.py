@@ -19,10 +19,7 @@ from dataclasses import replace
 from recovery.errors import ReasonNotOursError, SlurmUnavailableError, unknown_choice
 from recovery.ports.slurm import BatchJob, JobInfo, NodeInfo, is_ours, mark
 from recovery.spares import SPARE_REASON
-
-
-class Crash(BaseException):
-    """The coordinator process dying at this point (no handler in the engine catches it)."""
+from tests.helpers import Crash
 
 
 class FakeSlurm:

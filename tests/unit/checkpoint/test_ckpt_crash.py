@@ -10,7 +10,6 @@ Two complementary checks:
 
 from __future__ import annotations
 
-import os
 import random
 import runpy
 import shutil
@@ -27,7 +26,7 @@ import pytest
 
 from recovery.checkpoint import CheckpointStore, RetentionPolicy, RunLock
 from recovery.checkpoint import format as fmt
-from tests.helpers import kill_and_drain
+from tests.helpers import Crash, CrashingOs, kill_and_drain
 from tests.unit.checkpoint.conftest import patch_os
 
 AssertSame = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None]
@@ -42,39 +41,6 @@ KEEP_LAST: int = _child["KEEP_LAST"]
 
 
 # --- in-process: every crash point of one save -----------------------------------------------
-
-
-class Crash(BaseException):
-    """The process "died" here (BaseException: nothing in the store may catch it)."""
-
-
-class CrashingOs:
-    """Forwards to ``os``; the ``at``-th mutating call (0-based) raises :class:`Crash` instead.
-
-    Writes happen in place, so the bytes already written stay, as they would after a kill.
-    """
-
-    MUTATING = frozenset({"open", "write", "fsync", "rename", "close", "mkdir", "unlink"})
-
-    def __init__(self, at: int | None) -> None:
-        self.at = at
-        self.calls = 0
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(os, name)
-        if name not in self.MUTATING:
-            return real
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            n, self.calls = self.calls, self.calls + 1
-            if n == self.at:
-                if name == "write":  # a torn write: half the chunk lands
-                    fd, data = args
-                    os.write(fd, bytes(data[: len(data) // 2]))
-                raise Crash(f"killed at call #{n}: {name}")
-            return real(*args, **kwargs)
-
-        return call
 
 
 def _setup(root: Path, arrays_for: ArraysFor, run_config: dict[str, Any]) -> CheckpointStore:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from recovery.ports.journal import ActionStatus
-from tests.fakes.slurm import Crash, FakeSlurm
+from tests.fakes.slurm import FakeSlurm
+from tests.helpers import Crash
 
 from .helpers import Rig, event
 

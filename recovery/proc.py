@@ -1,0 +1,71 @@
+"""Processes by pid: start one detached with its output in a log, tell whether one still runs.
+
+Shared by the local Slurm cluster's daemons, the coordinator started in the background, and
+the local node agents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_PROC = Path("/proc")
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path) -> int:
+    """Start ``argv`` in a new session with stdout/stderr appended to ``log``; return its pid.
+
+    Raises OSError when the program cannot be executed.
+    """
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        return os.posix_spawnp(
+            argv[0],
+            list(argv),
+            dict(env),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, fd, 1),
+                (os.POSIX_SPAWN_DUP2, fd, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(fd)
+
+
+def stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) of ``pid``, or None when it no longer exists."""
+    try:
+        text = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name sits in parentheses and may itself contain spaces or ')'.
+    rest = text[text.rindex(")") + 2 :].split()
+    return rest[0], int(rest[1])
+
+
+def alive(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie (a zombie of ours is reaped on the way)."""
+    st = stat(pid)
+    if st is None:
+        return False
+    if st[0] in ("Z", "X"):
+        reap(pid)
+        return False
+    return True
+
+
+def parent_of(pid: int) -> int | None:
+    """Parent pid of ``pid``, or None when it no longer exists."""
+    st = stat(pid)
+    return None if st is None else st[1]
+
+
+def reap(pid: int) -> None:
+    # Daemons started by this very process (a pytest session) become our zombies when they
+    # exit; daemons started by an earlier `recover cluster up` belong to init, which reaps them.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
