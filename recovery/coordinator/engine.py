@@ -151,6 +151,8 @@ class Engine:
     def _run(self) -> None:
         recovered = False
         while not self._stop.is_set():
+            # Cleared before the step: a wake-up during the step starts the next one at once.
+            self._wake.clear()
             try:
                 if not recovered:
                     self.recover()
@@ -161,7 +163,6 @@ class Engine:
             except Exception:  # the worker must survive any one bad step; it is logged
                 self.log("engine: unexpected error:\n" + traceback.format_exc())
             self._wake.wait(self.settings.tick_s)
-            self._wake.clear()
 
     def recover(self) -> None:
         """Rebuild the policy state from the decided history (what a restart does first):
