@@ -25,6 +25,7 @@ from agents.runtime import DEFAULT_SOURCES, SOURCES, Agent, AgentConfig, run_age
 from recovery.errors import RecoverError, UsageError, unknown_choice
 from recovery.model import HealthEvent
 from recovery.ports.clock import Stamp
+from recovery.train.workload import DEFAULT_DIR
 
 app = typer.Typer(
     name="agent",
@@ -161,6 +162,7 @@ def agent_config(
     heartbeat_s: float = 5.0,
     kmsg_interval_s: float = 0.05,
     kmsg_from: str = "auto",
+    tpu_workload_dir: Path = DEFAULT_DIR,
 ) -> AgentConfig:
     """The agent's settings from ``recover agent run``'s options. Raises UsageError naming
     what is valid (sources, bus ids, the token file's form)."""
@@ -187,6 +189,7 @@ def agent_config(
         dedup_window_s=dedup_window_s,
         heartbeat_s=heartbeat_s,
         kmsg_from=kmsg_from,
+        tpu_workload_dir=tpu_workload_dir,
     )
 
 
@@ -221,6 +224,12 @@ def run_cmd(
         str,
         typer.Option(help="auto (end on the first start, start later), start or end."),
     ] = "auto",
+    tpu_workload_dir: Annotated[
+        Path,
+        typer.Option(
+            help="Where TPU training jobs keep their markers ($RECOVER_TPU_WORKLOAD_DIR)."
+        ),
+    ] = DEFAULT_DIR,
 ) -> None:
     """Run the node agent until SIGTERM: detect, spool, deliver, heartbeat, obey commands."""
     config = agent_config(
@@ -236,6 +245,7 @@ def run_cmd(
         heartbeat_s=heartbeat,
         kmsg_interval_s=kmsg_interval,
         kmsg_from=kmsg_from,
+        tpu_workload_dir=tpu_workload_dir,
     )
     run_agent(Agent(config, log=_log))
 

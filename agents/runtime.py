@@ -48,6 +48,7 @@ from recovery.fsutil import atomic_write
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock, SystemClock
 from recovery.retry import Backoff
+from recovery.train.workload import DEFAULT_DIR, any_registered
 
 Log = Callable[[str], None]
 SOURCES = ("inject", "kmsg", "nvml", "tpu")
@@ -80,6 +81,8 @@ class AgentConfig:
     poll_wait_s: float = 20.0
     """How long one command poll is held by the coordinator."""
     version: str = AGENT_VERSION
+    tpu_workload_dir: Path = DEFAULT_DIR
+    """Where TPU workloads keep their markers (:mod:`recovery.train.workload`)."""
     kmsg_from: str = "auto"
     """Where the kernel-log source starts: ``auto`` (see the module docstring), ``start``
     (everything) or ``end`` (only what is appended after each start)."""
@@ -296,10 +299,11 @@ class Agent:
         else:
             runtime = self._tpu_runtime()
         cfg = self.config
-        # No Slurm job-step knowledge here yet: an absent runtime is never a fault.
+        # A workload is registered while `recover train` on TPUs keeps its marker there.
+        markers = cfg.tpu_workload_dir
         TpuSource(
-            cfg.node, self.boot_id, self.clock, runtime, lambda: False, log=self.log,
-            agent_version=cfg.version,
+            cfg.node, self.boot_id, self.clock, runtime, lambda: any_registered(markers),
+            log=self.log, agent_version=cfg.version,
         ).run(self.emit, stop)  # fmt: skip
 
     def _heartbeats(self, stop: threading.Event) -> None:

@@ -32,6 +32,7 @@ from recovery.errors import (
 from recovery.events import EventLog, slurm_context
 from recovery.train.preempt import EXIT_PREEMPTED, Preemption
 from recovery.train.saving import Log, Saver, log_retention_errors
+from recovery.train.workload import registered, workload_dir
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -209,7 +210,8 @@ def _run_locked(run: _Run, leftovers: list[str], *, handle_signals: bool) -> Tra
         # Nothing left to do: report the saved final state, run no update.
         run.events.emit("completed", step=restored.step, state_digest=restored.digest, updates=0)
         return TrainOutcome(restored.step, restored.digest, preempted=False, updates=0)
-    return _train(run, state, restored, handle_signals=handle_signals)
+    with registered(jax.default_backend(), workload_dir(os.environ)):
+        return _train(run, state, restored, handle_signals=handle_signals)
 
 
 def _restore_or_init(
