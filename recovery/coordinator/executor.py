@@ -198,8 +198,8 @@ class Executor:
 
     def _apply_one(self, rec: ActionRecord) -> int:
         handlers: dict[type[Action], Callable[[ActionRecord], tuple[ActionStatus, str]]] = {
-            TakeDown: self._down,
-            Drain: self._drain,
+            TakeDown: self._take_out_one,
+            Drain: self._take_out_one,
             SaveThenRequeue: self._signal_for_save,
             RequeueJobs: self._requeue_all,
             PromoteSpare: self._promote,
@@ -217,18 +217,14 @@ class Executor:
         self._finish(rec, status, detail)
         return 1
 
-    def _down(self, rec: ActionRecord) -> tuple[ActionStatus, str]:
+    def _take_out_one(self, rec: ActionRecord) -> tuple[ActionStatus, str]:
+        # One node alone: what a refused batch falls back to.
         a = rec.action
-        assert isinstance(a, TakeDown)
-        changed = self.slurm.down(a.node, a.reason)
-        self._phase(rec.incident, "node-down", a.node if changed else f"{a.node} already held")
-        return ActionStatus.done, "changed" if changed else "already held"
-
-    def _drain(self, rec: ActionRecord) -> tuple[ActionStatus, str]:
-        a = rec.action
-        assert isinstance(a, Drain)
-        changed = self.slurm.drain(a.node, a.reason)
-        self._phase(rec.incident, "node-drained", a.node if changed else f"{a.node} already held")
+        assert isinstance(a, TakeDown | Drain)
+        down = isinstance(a, TakeDown)
+        changed = (self.slurm.down if down else self.slurm.drain)(a.node, a.reason)
+        phase = "node-down" if down else "node-drained"
+        self._phase(rec.incident, phase, a.node if changed else f"{a.node} already held")
         return ActionStatus.done, "changed" if changed else "already held"
 
     def _signal_for_save(self, rec: ActionRecord) -> tuple[ActionStatus, str]:

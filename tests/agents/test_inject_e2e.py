@@ -71,7 +71,7 @@ def test_wait_prints_the_decision_once_the_engine_records_it(
     wait_connected(live, "n1", agent)
     stop = threading.Event()
 
-    def engine() -> None:  # stands in for the integrator's engine: decides what arrives
+    def engine() -> None:  # a stand-in engine: decides what arrives
         while not stop.is_set():
             for stored in live.journal.undecided():
                 live.journal.record_decision(
