@@ -6,8 +6,9 @@ import functools
 
 import pytest
 
-# The real local Slurm cluster's fixtures (started only by tests that ask for them).
-pytest_plugins = ["tests.plugins.slurm_cluster"]
+# The real local Slurm cluster's and Kubernetes API server's fixtures (started only by tests
+# that ask for them).
+pytest_plugins = ["tests.plugins.slurm_cluster", "tests.plugins.kube_api"]
 
 
 @functools.cache
