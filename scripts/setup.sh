@@ -22,6 +22,16 @@ command -v slurmctld >/dev/null || need_apt+=(slurm-wlm)
 command -v munged >/dev/null || need_apt+=(munge)
 # Debian's own python3 creates venvs only with python3-venv installed.
 python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+# --- Kubernetes tier: what scripts/build-kube.sh needs to build kube-apiserver and kubectl
+# from Debian's source package, plus etcd and openssl for the local API server.
+[[ -x /usr/lib/go-1.19/bin/go ]] || need_apt+=(golang-1.19-go)
+[[ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ]] ||
+  need_apt+=(golang-github-modern-go-reflect2-dev)
+command -v dpkg-source >/dev/null || need_apt+=(dpkg-dev)
+command -v make >/dev/null || need_apt+=(make)
+command -v etcd >/dev/null || need_apt+=(etcd-server)
+command -v openssl >/dev/null || need_apt+=(openssl)
+# --- end Kubernetes tier
 if ((${#need_apt[@]})); then
   echo "== installing Debian packages: ${need_apt[*]}"
   as_root apt-get update -q
@@ -35,6 +45,11 @@ fi
 echo "== installing Python packages into .venv"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev,bench]'
+
+# --- Kubernetes tier: build once (about 6 min on 2 cores); cached by version afterwards.
+echo "== kube-apiserver and kubectl for the Kubernetes tests"
+as_root ./scripts/build-kube.sh
+# --- end Kubernetes tier
 
 if ((run_demo)); then
   exec ./scripts/demo.sh
