@@ -175,3 +175,30 @@ class AuthError(RecoverError):
     """A request to the coordinator was refused: no token, a wrong one, or not allowed."""
 
     exit_code = 9
+
+
+# --- kubernetes ------------------------------------------------------------------------------
+
+
+class KubeError(RecoverError):
+    """The Kubernetes API answered, but not with what was asked."""
+
+    exit_code = 10
+
+
+class KubeUnavailableError(TransientError):
+    """The Kubernetes API server could not be reached, timed out or was overloaded (5xx,
+    429); retry later."""
+
+
+class KubeRefusedError(KubeError):
+    """The API server refused the request (invalid, 422; bad request, 400); never retried."""
+
+
+class KubeForbiddenError(KubeRefusedError):
+    """403: the coordinator's ServiceAccount may not do this; the message names the verb and
+    the resource, and where the permissions are granted (k8s/deploy/rbac.yaml)."""
+
+
+class KubeNotFoundError(KubeError):
+    """A Kubernetes object that had to exist does not (a node to mark or promote)."""

@@ -11,9 +11,12 @@ functions so that importing this module (and ``recover --help``) stays cheap.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from recovery.errors import UsageError
+from recovery.ports.nodes import NodeControl
 from recovery.ports.slurm import SlurmControl
 
 if TYPE_CHECKING:
@@ -105,3 +108,47 @@ def stop_agents(cluster_state: Path) -> list[str]:
     from recovery.service.agents_proc import stop_agents as stop
 
     return stop(coordinator_dir(cluster_state))
+
+
+@dataclass(frozen=True)
+class KubeOptions:
+    """How the coordinator reaches Kubernetes (``recover coordinator serve --kubeconfig`` or
+    ``--in-cluster``) and where the slurmd pods are."""
+
+    kubeconfig: Path | None = None
+    """A kubeconfig file; None with ``in_cluster``: the pod's ServiceAccount."""
+    in_cluster: bool = False
+    namespace: str = "slurm"
+    """Namespace of the slurmd pods."""
+    pod_selector: str = "app.kubernetes.io/component=slurmd"
+    """Label selector of the slurmd pods."""
+    taint_effect: str = "NoSchedule"
+    pod_removal: str = "delete"
+    """``delete`` or ``evict`` (Eviction API)."""
+    slinky: bool = False
+    """Ask Slinky's slurm-operator to drain (pod annotation) instead of calling Slurm."""
+
+    def __post_init__(self) -> None:
+        if self.in_cluster and self.kubeconfig is not None:
+            raise UsageError("Give either --kubeconfig PATH or --in-cluster, not both")
+        if not self.in_cluster and self.kubeconfig is None:
+            raise UsageError(
+                "Kubernetes needs --kubeconfig PATH or --in-cluster (inside a pod with the "
+                "recover-coordinator ServiceAccount)"
+            )
+
+
+def node_control(opts: KubeOptions) -> NodeControl:
+    """The NodeControl adapter for the cluster ``opts`` names. Raises UsageError for a bad
+    kubeconfig, an unknown taint effect or pod removal (naming the valid ones)."""
+    from k8s.nodes import KubeControl, KubeSettings
+    from k8s.transport import Transport, api_client
+
+    settings = KubeSettings(
+        namespace=opts.namespace,
+        pod_selector=opts.pod_selector,
+        taint_effect=opts.taint_effect,
+        pod_removal=opts.pod_removal,
+    )
+    client = api_client(opts.kubeconfig, in_cluster=opts.in_cluster)
+    return KubeControl(Transport(client, timeout_s=settings.timeout_s), settings)

@@ -31,10 +31,57 @@ def serve(
         bool, typer.Option("--dry-run", help="Decide and record, but apply no action.")
     ] = False,
     tick: Annotated[float, typer.Option(help="Seconds between Slurm reconcile polls.")] = 0.5,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="RECOVER_KUBECONFIG", help="Kubernetes mode: the cluster in this kubeconfig."
+        ),
+    ] = None,
+    in_cluster: Annotated[
+        bool,
+        typer.Option(
+            "--in-cluster",
+            envvar="RECOVER_IN_CLUSTER",
+            help="Kubernetes mode: this pod's ServiceAccount (recover-coordinator).",
+        ),
+    ] = False,
+    k8s_namespace: Annotated[
+        str, typer.Option(envvar="RECOVER_K8S_NAMESPACE", help="Namespace of the slurmd pods.")
+    ] = "slurm",
+    k8s_pod_selector: Annotated[
+        str,
+        typer.Option(envvar="RECOVER_K8S_POD_SELECTOR", help="Label selector of slurmd pods."),
+    ] = "app.kubernetes.io/component=slurmd",
+    k8s_taint_effect: Annotated[
+        str, typer.Option(help="Effect of our taint: NoSchedule or NoExecute.")
+    ] = "NoSchedule",
+    k8s_pod_removal: Annotated[
+        str, typer.Option(help="How slurmd pods go: delete, or evict (Eviction API).")
+    ] = "delete",
+    slinky: Annotated[
+        bool,
+        typer.Option(
+            "--slinky",
+            envvar="RECOVER_SLINKY",
+            help="Slinky cluster: drain through the slurm-operator's pod annotation.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the intake API and act on health events until SIGTERM/SIGINT."""
     from recovery.service.main import ServeOptions, run_coordinator
+    from recovery.wiring import KubeOptions
 
+    kube = None
+    if kubeconfig is not None or in_cluster or slinky:
+        kube = KubeOptions(
+            kubeconfig=kubeconfig,
+            in_cluster=in_cluster,
+            namespace=k8s_namespace,
+            pod_selector=k8s_pod_selector,
+            taint_effect=k8s_taint_effect,
+            pod_removal=k8s_pod_removal,
+            slinky=slinky,
+        )
     run_coordinator(
         ServeOptions(
             state_dir=state_dir,
@@ -43,6 +90,7 @@ def serve(
             config=config,
             dry_run=dry_run,
             tick_s=tick,
+            kube=kube,
         )
     )
 

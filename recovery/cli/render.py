@@ -38,7 +38,7 @@ def render_status(doc: dict[str, Any]) -> str:
             (
                 n["name"] + (" (suspect: agent silent)" if n.get("suspect") else ""),
                 "+".join([n["state"], *n["flags"]]),
-                n["held_by"] or "-",
+                _held_by(n),
                 n["incident"] or "-",
                 n["reason"] or "-",
             )
@@ -52,6 +52,14 @@ def render_status(doc: dict[str, Any]) -> str:
     if doc.get("dry_run"):
         parts.append("DRY RUN: decisions are recorded, no action is applied")
     return "\n".join(parts)
+
+
+def _held_by(row: dict[str, Any]) -> str:
+    """Slurm's holder, then whoever else holds the Kubernetes node: ``recover, sunk (k8s)``."""
+    who = [row["held_by"]] if row.get("held_by") else []
+    kube = row.get("k8s") or {}
+    who += [f"{o} (k8s)" for o in kube.get("held_by", [])]
+    return ", ".join(who) or "-"
 
 
 def render_incidents(items: Sequence[dict[str, Any]]) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from recovery.coordinator.executor import Executor, ExecutorSettings
+from recovery.coordinator.kube import KubeFollow, KubeMode, finished
 from recovery.coordinator.reconcile import follow_jobs, settled, unreachable_events
 from recovery.coordinator.rules import Rules
 from recovery.coordinator.views import (
@@ -32,6 +33,7 @@ from recovery.coordinator.views import (
 from recovery.errors import RecoverError, TransientError, UsageError, unknown_choice
 from recovery.model import (
     Decision,
+    Drain,
     HealthEvent,
     PromoteSpare,
     RequeueJobs,
@@ -43,6 +45,7 @@ from recovery.model.events import HEARTBEAT_LOST, REPAIRED
 from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import ActionStatus, Journal, Phase, StoredEvent
+from recovery.ports.nodes import KubeNode, NodeControl
 from recovery.ports.slurm import JobInfo, NodeInfo, SlurmControl
 from recovery.spares import is_ready_spare
 
@@ -73,6 +76,8 @@ class EngineSettings:
     decide_batch: int = 100
     """Decisions committed together (one fsync); Slurm is acted on only after the commit."""
     executor: ExecutorSettings = field(default_factory=ExecutorSettings)
+    kube: KubeMode = field(default_factory=KubeMode)
+    """How Kubernetes is kept in step (only used with a NodeControl)."""
 
 
 def job_path(decision: Decision) -> str:
@@ -103,8 +108,15 @@ class Engine:
         sleep: Callable[[float], None] | None = None,
         heartbeats: Heartbeats | None = None,
         checker: RepairChecker | None = None,
+        nodes: NodeControl | None = None,
     ) -> None:
         self.journal = journal
+        self.kube = (
+            None
+            if nodes is None
+            else KubeFollow(journal=journal, nodes=nodes, clock=clock, mode=settings.kube, log=log)
+        )
+        self._kube_view: dict[str, KubeNode] = {}
         self.checker = checker
         self._checked: dict[str, float] = {}
         self.heartbeats = heartbeats
@@ -122,6 +134,7 @@ class Engine:
             settings=settings.executor,
             sleep=sleep,
             log=log,
+            kube=self.kube,
         )
         self._wake = threading.Event()
         self._commands: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
@@ -205,12 +218,12 @@ class Engine:
 
     def nodes(self) -> list[dict[str, Any]]:
         with self._lock:
-            view, at, suspects = self._view, self._view_at, self._suspects
-        return node_rows(view, self.journal.incidents(open_only=True), at, suspects)
+            view, at, suspects, kube = self._view, self._view_at, self._suspects, self._kube_view
+        return node_rows(view, self.journal.incidents(open_only=True), at, suspects, kube)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            view, at, suspects = self._view, self._view_at, self._suspects
+            view, at, suspects, kube = self._view, self._view_at, self._suspects, self._kube_view
         return status_view(
             view,
             self.journal.incidents(open_only=True),
@@ -218,7 +231,13 @@ class Engine:
             at,
             suspects,
             dry_run=self.settings.executor.dry_run,
+            kube=kube,
         )
+
+    def node_names(self) -> set[str]:
+        """The Slurm nodes as last seen (what Kubernetes events may name)."""
+        with self._lock:
+            return {n.name for n in self._view}
 
     def breaker(self) -> dict[str, Any]:
         with self._lock:
@@ -267,8 +286,10 @@ class Engine:
             for n in j.nodes:
                 by_node.setdefault(n, []).append(j)
         self._jobs_by_node = by_node
+        now = self.clock.now()
+        kube = self.kube.view(now.mono) if self.kube is not None else {}
         with self._lock:
-            self._view, self._jobs, self._view_at = view, jobs, self.clock.now()
+            self._view, self._jobs, self._view_at, self._kube_view = view, jobs, now, kube
 
     def decide_pending(self) -> int:
         """Decide every acknowledged, undecided event in arrival order; returns how many."""
@@ -312,6 +333,7 @@ class Engine:
         fresh = unreachable_events(self._view, {i.node for i in open_incidents}, now.wall)
         if fresh and any(self.journal.append_events(fresh, now)):
             self._wake.set()
+        by_name = {n.name: n for n in self._view}
         for rec in self.journal.pending_actions():
             if rec.status != ActionStatus.waiting:
                 continue
@@ -319,14 +341,19 @@ class Engine:
                 self.executor.finish_save(rec)
             elif isinstance(rec.action, PromoteSpare) and any(map(is_ready_spare, self._view)):
                 self.executor.retry_promotion(rec)
+            elif isinstance(rec.action, TakeDown | Drain) and self.kube is not None:
+                self.kube.finish_operator_take_out(rec, by_name.get(rec.action.node), self.slurm)
         self._expire_held(now)
         self._watch_heartbeats(now)
         self._run_repair_checks(now)
+        if self.kube is not None:
+            self.kube.reconcile(self.journal.incidents(open_only=True), by_name)
         for inc in self.journal.incidents(open_only=True):
             progress = follow_jobs(inc, self._jobs)
             for name, detail in progress.phases:
                 self.journal.add_phase(inc.id, Phase(name, now, detail))
-            if progress.resolved and settled(inc):
+            kube_done = self.kube is None or finished(inc, self.kube.mode)
+            if progress.resolved and settled(inc) and kube_done:
                 why = "jobs running again" if inc.jobs else "no job ran on the node"
                 self.journal.close_incident(inc.id, now, f"actions done; {why}")
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from recovery.coordinator.kube import KubeFollow
 from recovery.errors import RecoverError, TransientError
 from recovery.model import (
     Action,
@@ -74,8 +75,12 @@ class Executor:
         settings: ExecutorSettings = ExecutorSettings(),  # frozen, one shared default is safe
         sleep: Callable[[float], None] | None = None,
         log: Callable[[str], None] = lambda _msg: None,
+        kube: KubeFollow | None = None,
     ) -> None:
         self.journal = journal
+        self.kube = kube
+        """Kubernetes, when configured: take-outs through the slurm-operator (Slinky), and a
+        repaired node's marks cleared as it returns to the pool."""
         self.slurm = slurm
         self.clock = clock
         self.choose_spare = choose_spare
@@ -171,6 +176,8 @@ class Executor:
     # --- take-downs and drains, batched ---------------------------------------------------
 
     def _take_out(self, kind: str, reason: str, recs: Sequence[ActionRecord]) -> int:
+        if self.kube is not None and self.kube.mode.via_operator:
+            return sum(self._apply_one(r) for r in recs)  # one pod annotation per node
         nodes = sorted({r.action.node for r in recs})
         many = self.slurm.down_many if kind == TakeDown.kind else self.slurm.drain_many
         try:
@@ -221,6 +228,8 @@ class Executor:
         # One node alone: what a refused batch falls back to.
         a = rec.action
         assert isinstance(a, TakeDown | Drain)
+        if self.kube is not None and self.kube.mode.via_operator:
+            return self.kube.operator_take_out(rec)
         down = isinstance(a, TakeDown)
         changed = (self.slurm.down if down else self.slurm.drain)(a.node, a.reason)
         phase = "node-down" if down else "node-drained"
@@ -324,4 +333,6 @@ class Executor:
     def _retire(self, rec: ActionRecord) -> tuple[ActionStatus, str]:
         changed = self.pool.retire(rec.action.node)
         self._phase(rec.incident, "returned-to-pool", rec.action.node)
+        if self.kube is not None:  # a transient error here leaves the action planned: retried
+            self.kube.return_to_pool(rec)
         return ActionStatus.done, "retired into the pool" if changed else "already a spare"

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from recovery.ports.clock import Stamp
 from recovery.ports.journal import ActionRecord, IncidentRecord
+from recovery.ports.nodes import KubeNode
+from recovery.ports.owners import reason_owner
 from recovery.ports.slurm import NodeInfo, is_ours, is_slurms_own
 from recovery.spares import SPARE_REASON, is_ready_spare, is_spare
 
@@ -50,14 +52,33 @@ def layout_nodes(text: str) -> list[NodeInfo]:
 
 def holder(node: NodeInfo) -> str:
     """Who holds the node out of service: ``""`` (in service), ``recover``, ``slurm``
-    (slurmctld itself, e.g. not responding) or the user who set the reason."""
+    (slurmctld itself, e.g. not responding), an operator we recognise by its reason
+    (``slinky``, ``sunk``, ``soperator``, ``hyperpod``) or the user who set the reason."""
     if not (node.down or node.drained):
         return ""
     if is_ours(node.reason):
         return "recover"
     if is_slurms_own(node.reason):
         return "slurm"
-    return node.reason_set_by or "unknown"
+    return reason_owner(node.reason) or node.reason_set_by or "unknown"
+
+
+def kube_row(node: KubeNode | None) -> dict[str, Any] | None:
+    """The Kubernetes side of a node row: readiness, our marks, and other owners' marks
+    (``held_by``: who else holds it, e.g. ``["sunk"]``); None when Kubernetes is not used
+    or has no such node."""
+    if node is None:
+        return None
+    return {
+        "ready": node.ready,
+        "cordoned": node.unschedulable,
+        "marked": node.marked,
+        "spare": node.spare,
+        "promoted": node.promoted,
+        "pods": list(node.pods),
+        "held_by": node.held_by,
+        "others": [m.what for m in node.others],
+    }
 
 
 def node_rows(
@@ -65,10 +86,12 @@ def node_rows(
     open_incidents: Sequence[IncidentRecord],
     at: Stamp | None,
     suspects: frozenset[str] = frozenset(),
+    kube: Mapping[str, KubeNode] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per node: state, flags, reason, holder, spare, open incident, and whether its
-    agent went silent (``suspect``)."""
+    """One row per node: state, flags, reason, holder, spare, open incident, whether its
+    agent went silent (``suspect``), and its Kubernetes node (``k8s``, see :func:`kube_row`)."""
     incident_of = {i.node: i.id for i in open_incidents}
+    kube = kube or {}
     return [
         {
             "name": n.name,
@@ -82,6 +105,7 @@ def node_rows(
             "incident": incident_of.get(n.name),
             "suspect": n.name in suspects,
             "seen_at": at.wall if at else None,
+            "k8s": kube_row(kube.get(n.name)),
         }
         for n in view
     ]
@@ -127,10 +151,11 @@ def status_view(
     suspects: frozenset[str] = frozenset(),
     *,
     dry_run: bool,
+    kube: Mapping[str, KubeNode] | None = None,
 ) -> dict[str, Any]:
     """Everything ``recover status`` shows."""
     return {
-        "nodes": node_rows(view, open_incidents, at, suspects),
+        "nodes": node_rows(view, open_incidents, at, suspects, kube),
         "incidents": [incident_summary(i) for i in open_incidents],
         "spares": [n.name for n in view if is_ready_spare(n)],
         "breaker": breaker,

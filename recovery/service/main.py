@@ -19,6 +19,7 @@ from pathlib import Path
 
 from recovery.coordinator.engine import Engine, EngineSettings
 from recovery.coordinator.executor import ExecutorSettings
+from recovery.coordinator.kube import KubeMode
 from recovery.coordinator.rules import Rules
 from recovery.errors import UsageError
 from recovery.policy import load_catalogue, load_policy_config
@@ -28,6 +29,7 @@ from recovery.service.app import create_app
 from recovery.service.auth import generate_tokens, load_tokens
 from recovery.service.checks import CommandCheck
 from recovery.service.journal import SqliteJournal
+from recovery.service.kubewatch import NodeWatch
 from recovery.service.process import (
     ENDPOINT_FILE,
     JOURNAL_FILE,
@@ -35,7 +37,7 @@ from recovery.service.process import (
     write_endpoint,
 )
 from recovery.service.server import free_port, serve
-from recovery.wiring import slurm_control
+from recovery.wiring import KubeOptions, node_control, slurm_control
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class ServeOptions:
     dry_run: bool = False
     tick_s: float = 0.5
     """Seconds between reconcile ticks (Slurm is polled once per tick)."""
+    kube: KubeOptions | None = None
+    """Kubernetes (Slurm on Kubernetes): None for a Slurm-only cluster."""
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -85,13 +89,19 @@ def run_coordinator(
     clock = SystemClock()
     journal = SqliteJournal(d / JOURNAL_FILE, clock)
     dry_run = opts.dry_run or config.dry_run
+    nodes = node_control(opts.kube) if opts.kube is not None else None
     engine = Engine(
         journal=journal,
         slurm=slurm,
         clock=clock,
         rules=Rules(config, catalogue),
-        settings=EngineSettings(tick_s=opts.tick_s, executor=ExecutorSettings(dry_run=dry_run)),
+        settings=EngineSettings(
+            tick_s=opts.tick_s,
+            executor=ExecutorSettings(dry_run=dry_run),
+            kube=KubeMode(via_operator=opts.kube is not None and opts.kube.slinky),
+        ),
         log=log,
+        nodes=nodes,
     )
     agents = AgentChannel.default(clock, catalogue.known())
     engine.heartbeats = agents.heartbeats
@@ -99,9 +109,20 @@ def run_coordinator(
         engine.checker = CommandCheck(config.repair_check, log)
     app = create_app(journal=journal, tokens=tokens, coordinator=engine, clock=clock, agents=agents)
     engine.start()
+    watch = None
+    if nodes is not None:
+        watch = NodeWatch(
+            nodes=nodes, journal=journal, clock=clock, known=engine.node_names,
+            submit=engine.submit, log=log,
+        )  # fmt: skip
+        watch.start()
     url = f"http://{host}:{port}"
     write_endpoint(d, url, os.getpid())
     mode = " (DRY RUN: decisions only)" if dry_run else ""
+    if opts.kube is not None:
+        where = "in-cluster" if opts.kube.in_cluster else str(opts.kube.kubeconfig)
+        slinky = " (Slinky: drains through the operator)" if opts.kube.slinky else ""
+        mode += f", Kubernetes {where}{slinky}"
     log(
         f"coordinator: serving {url}, journal {d / JOURNAL_FILE}, "
         f"policy {engine.rules.version}{mode}"
@@ -109,6 +130,8 @@ def run_coordinator(
     try:
         serve(app, host, port, log_level="warning", on_stop=agents.broker.close)
     finally:
+        if watch is not None:
+            watch.stop()
         engine.stop()
         journal.close()
         (d / ENDPOINT_FILE).unlink(missing_ok=True)
