@@ -14,7 +14,8 @@
 #   2. the generated OpenAPI definitions are not in the tarball: openapi-gen + make gen_openapi;
 #   3. the version is stamped into both version packages, or GET /version says v0.0.0-master.
 # Needs (installed by scripts/setup.sh): golang-1.19-go golang-github-modern-go-reflect2-dev
-# dpkg-dev make, and the Debian mirror named in the machine's own apt sources.
+# dpkg-dev make, and the Debian mirror named in the machine's own apt sources (or
+# $KUBE_DEBIAN_MIRROR). Fails naming the step, with the tail of its log.
 set -euo pipefail
 
 readonly VERSION=v1.20.2 MAJOR=1 MINOR=20
@@ -85,8 +86,9 @@ echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror
   >"$work/apt/sources.list"
 apt_opts=(-o "Dir::Etc::SourceList=$work/apt/sources.list" -o "Dir::Etc::SourceParts=$work/apt/parts"
   -o "Dir::State::Lists=$work/apt/lists" -o "Dir::Cache=$work/apt/cache" -q)
-step "apt-get update for deb-src $mirror" apt-get "${apt_opts[@]}" update
-(cd "$work/src" && step "apt-get source kubernetes" apt-get "${apt_opts[@]}" source --download-only kubernetes)
+step "apt-get update for deb-src $mirror (set KUBE_DEBIAN_MIRROR to another mirror)" \
+  apt-get "${apt_opts[@]}" --error-on=any update
+(cd "$work/src" && step "apt-get source kubernetes from $mirror" apt-get "${apt_opts[@]}" source --download-only kubernetes)
 dsc=$(ls "$work/src"/kubernetes_*.dsc 2>/dev/null | head -n1)
 [[ -n "$dsc" ]] || fail "no kubernetes_*.dsc downloaded (see $log)"
 step "unpacking $dsc" dpkg-source --no-check -x "$dsc" "$work/src/kubernetes"

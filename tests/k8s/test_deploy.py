@@ -38,12 +38,19 @@ def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
     return found[0]
 
 
+def slurmd_namespace(docs: list[dict[str, Any]]) -> str:
+    """The slurmd pods' namespace the coordinator is configured for."""
+    (c,) = one(docs, "Deployment", "recover-coordinator")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    return str(env["RECOVER_K8S_NAMESPACE"])
+
+
 def dry_run(api: KubeApi, docs: list[dict[str, Any]], tmp_path: Path) -> Any:
-    """``kubectl apply --dry-run=server`` of ``docs``; the namespace itself is created for real
-    first, since a dry-run create of it would not make it exist for the objects inside it."""
-    ns = tmp_path / "namespace.yaml"
-    ns.write_text(yaml.safe_dump(one(docs, "Namespace")))
-    api.kubectl("apply", "-f", str(ns))
+    """``kubectl apply --dry-run=server`` of ``docs``. What must exist first is created for
+    real: our namespace (a dry-run create of it would not make it exist for the objects in
+    it) and the slurmd pods' namespace (the Slurm operator's, a precondition)."""
+    api.ensure_namespace(one(docs, "Namespace")["metadata"]["name"])
+    api.ensure_namespace(slurmd_namespace(docs))
     f = tmp_path / "rendered.yaml"
     f.write_text(yaml.safe_dump_all(docs))
     return api.kubectl("apply", "--dry-run=server", "-f", str(f), check=False)
@@ -72,6 +79,27 @@ def test_everything_rendered_passes_server_side_dry_run(
         "get", "-n", NAMESPACE, "deployment/recover-coordinator", check=False
     )
     assert "NotFound" in missing.stderr
+
+
+def test_namespaces_are_ours_except_the_slurmd_role(docs: list[dict[str, Any]]) -> None:
+    # Ours all live in `recover`; rbac.yaml's Role and RoleBinding stay in the namespace the
+    # coordinator is told the slurmd pods are in, and bind the coordinator's ServiceAccount.
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    slurmd = slurmd_namespace(docs)
+    for d in docs:
+        ns = d["metadata"].get("namespace")
+        if d["kind"] in cluster_scoped:
+            assert ns is None, d["metadata"]["name"]
+        elif d["kind"] in ("Role", "RoleBinding"):
+            assert ns == slurmd, d["metadata"]["name"]
+        else:
+            assert ns == NAMESPACE, f"{d['kind']} {d['metadata']['name']}"
+    sa = one(docs, "ServiceAccount", "recover-coordinator")["metadata"]
+    bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert {d["kind"] for d in bindings} == {"RoleBinding", "ClusterRoleBinding"}
+    for b in bindings:
+        subjects = [(s["kind"], s["name"], s.get("namespace")) for s in b["subjects"]]
+        assert subjects == [("ServiceAccount", sa["name"], sa["namespace"])], b["metadata"]
 
 
 def test_coordinator_is_one_replica_on_a_persistent_journal(docs: list[dict[str, Any]]) -> None:
