@@ -347,7 +347,8 @@ class Engine:
         self._watch_heartbeats(now)
         self._run_repair_checks(now)
         if self.kube is not None:
-            self.kube.reconcile(self.journal.incidents(open_only=True), by_name)
+            seen = self._view_at.mono if self._view_at else None
+            self.kube.reconcile(self.journal.incidents(open_only=True), by_name, seen)
         for inc in self.journal.incidents(open_only=True):
             progress = follow_jobs(inc, self._jobs)
             for name, detail in progress.phases:

@@ -77,13 +77,22 @@ def released(node: NodeInfo | None) -> bool:
     return node.drained and node.state == "IDLE" and "COMPLETING" not in node.flags
 
 
-def due(inc: IncidentRecord, slurm: NodeInfo | None, mode: KubeMode) -> str | None:
-    """The next Kubernetes step ``inc`` needs now (a phase name), or None. Pure."""
+def due(
+    inc: IncidentRecord, slurm: NodeInfo | None, mode: KubeMode, seen_at: float | None = None
+) -> str | None:
+    """The next Kubernetes step ``inc`` needs now (a phase name), or None. Pure.
+
+    ``slurm`` is the node as Slurm showed it at ``seen_at`` (monotonic seconds); a look taken
+    before the take-out was recorded says nothing about the pod yet (None: no such check).
+    """
     have = {p.name for p in inc.phases}
     if have & {SKIPPED, FAILED}:
         return None
     if have & set(TAKEN_OUT) and MARKED not in have:
         return MARKED
+    taken = [p.at.mono for p in inc.phases if p.name in TAKEN_OUT]
+    if seen_at is not None and (not taken or seen_at <= min(taken)):
+        slurm = None  # seen before Slurm took the node out: wait for the next look
     if MARKED in have and mode.delete_pods and not have & {POD_DELETED, POD_KEPT}:
         if released(slurm):
             return POD_DELETED
@@ -153,12 +162,18 @@ class KubeFollow:
 
     # --- per tick -------------------------------------------------------------------------
 
-    def reconcile(self, incidents: Sequence[IncidentRecord], view: Mapping[str, NodeInfo]) -> None:
-        """Run every step that is due, incident by incident; a transient error stops this
-        incident's steps until the next tick."""
+    def reconcile(
+        self,
+        incidents: Sequence[IncidentRecord],
+        view: Mapping[str, NodeInfo],
+        seen_at: float | None = None,
+    ) -> None:
+        """Run every step that is due, incident by incident, against Slurm's ``view`` taken
+        at ``seen_at`` (monotonic s); a transient error stops this incident's steps until the
+        next tick."""
         for inc in incidents:
             for _ in range(4):  # at most every step once per tick
-                step = due(inc, view.get(inc.node), self.mode)
+                step = due(inc, view.get(inc.node), self.mode, seen_at)
                 if step is None or not self._run(inc, step):
                     break
                 inc = self.journal.incident(inc.id)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from recovery.coordinator.engine import Engine, EngineSettings
 from recovery.coordinator.executor import ExecutorSettings
+from recovery.coordinator.kube import KubeMode
 from recovery.coordinator.rules import Rules
 from recovery.model import HealthEvent, Source
 from recovery.policy import PolicyConfig, load_catalogue
@@ -16,6 +17,7 @@ from recovery.ports.clock import FakeClock
 from recovery.ports.journal import IncidentRecord
 from recovery.retry import Backoff
 from recovery.service.journal import SqliteJournal
+from tests.fakes.nodes import FakeNodes
 from tests.fakes.slurm import FakeSlurm
 
 CATALOGUE = load_catalogue()
@@ -37,13 +39,17 @@ def event(node: str, fault: str = "xid79", **kw: object) -> HealthEvent:
 
 @dataclass
 class Rig:
-    """One coordinator: ``slurm``, ``journal``, ``clock``, ``engine``."""
+    """One coordinator: ``slurm``, ``journal``, ``clock``, ``engine`` (and ``nodes``, the
+    Kubernetes side, when given)."""
 
     path: Path
     slurm: FakeSlurm
     config: PolicyConfig = field(default_factory=PolicyConfig.default)
     dry_run: bool = False
     clock: FakeClock = field(default_factory=FakeClock)
+    nodes: FakeNodes | None = None
+    """Kubernetes, when the test wants it (None: a Slurm-only cluster)."""
+    kube: KubeMode = field(default_factory=lambda: KubeMode(view_every_s=0.0))
 
     def __post_init__(self) -> None:
         self.journal = SqliteJournal(self.path, self.clock, checkpoint_every_s=None)
@@ -55,7 +61,8 @@ class Rig:
                 backoff=Backoff(attempts=2, initial_s=0.0, max_s=0.0),
                 max_attempts=3,
                 dry_run=self.dry_run,
-            )
+            ),
+            kube=self.kube,
         )
         return Engine(
             journal=self.journal,
@@ -64,6 +71,7 @@ class Rig:
             rules=Rules(self.config, CATALOGUE),
             settings=settings,
             sleep=lambda _s: None,
+            nodes=self.nodes,
         )
 
     def send(self, *events: HealthEvent, step: bool = True) -> None:
