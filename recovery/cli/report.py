@@ -29,7 +29,7 @@ def report(
     built = write_report(directory)
     files = {name: str(directory / name) for name in (REPORT_JSON, REPORT_MD, TIMELINE_PNG)}
     if as_json:
-        typer.echo(json.dumps({**built.to_json(), "files": files}, indent=2, sort_keys=True))
+        typer.echo(json.dumps({**built.to_json(), "files": files}, indent=2))
     else:
         typer.echo(render_table(built, files[TIMELINE_PNG]))
 

@@ -14,8 +14,9 @@ exactly one bucket, so the buckets and the productive time add up to the wall ti
 * wasted progress from disruption: updates thrown away because a later process restored
   from an older checkpoint (they are done again, and the redo counts as productive);
 * infrastructure recovery from disruption: from the end of a process to the start of the
-  next (detection, take-out, requeue, replacement, scheduling);
-* other: whatever is left (after the last process, gaps the log does not explain).
+  next (detection, take-out, requeue, replacement, scheduling), or to the end of the run when
+  the last process stopped short of completing;
+* other: whatever is left (after the job completed, gaps the log does not explain).
 
 Pure: processes in, seconds out.
 """
@@ -111,6 +112,9 @@ def spans(processes: Sequence[Process], started: float, finished: float) -> list
         raw += _process_spans(p, kept_through(processes, i))
         if i + 1 < len(processes):
             raw.append((p.end, processes[i + 1].started, INFRA_RECOVERY))
+        elif p.outcome != "completed":
+            # Stopped and never started again before the run ended: still recovering.
+            raw.append((p.end, finished, INFRA_RECOVERY))
     # Clip to the run and to each other: a span never starts before the previous one ended
     # (clocks of different processes, or a log line written late, must not count twice).
     out: list[Span] = []

@@ -8,7 +8,7 @@ is answered with its name, the place in it and the field that is wrong.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -354,8 +354,3 @@ def load_run(directory: Path) -> RunRecord:
         events=parse_events(lines, str(path)),
         **run,
     )
-
-
-def by_kind(events: Sequence[Event], kinds: Mapping[str, object] | set[str]) -> list[Event]:
-    """The events whose kind is in ``kinds``, in file order."""
-    return [e for e in events if e.kind in kinds]

@@ -42,6 +42,6 @@ def write_report(directory: Path) -> Report:
     report = build_report(load_run(directory))
     atomic_write(directory / TIMELINE_PNG, render_png(report))
     atomic_write(directory / REPORT_MD, render_markdown(report, TIMELINE_PNG).encode())
-    doc = json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n"
+    doc = json.dumps(report.to_json(), indent=2) + "\n"
     atomic_write(directory / REPORT_JSON, doc.encode())
     return report

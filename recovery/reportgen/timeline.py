@@ -101,6 +101,10 @@ def _phase_bars(inc: IncidentReport, job: str, end: float) -> list[_Bar]:
         add(lane, "fault", "spare_ready", "replacement")
         bars.append(_Bar(lane, m["spare_ready"], end, "in_service", "in service"))
     take = "node_out" if "node_out" in m else "decided"
+    if "started" not in m and inc.successor_index is None and "requeue_wait" in inc.why:
+        why = inc.why.get("replacement", inc.why["requeue_wait"])
+        pending = _Bar(job, m[take], end, "requeue_wait", f"job waits to run again: {why}", "waits")
+        return [*bars, pending]
     add(job, take, "job_running", "requeue_wait")
     add(job, "job_running" if "job_running" in m else take, "started", "job_restart")
     add(job, "started", "restored", "restore")
@@ -193,7 +197,7 @@ def _fit(fig: Figure, ax: Axes, labels: Sequence[Any]) -> None:
             text.set_visible(False)
 
 
-_MARKS = {
+_MARKS: dict[str, dict[str, Any]] = {
     "checkpoint saved": {"marker": "v", "color": "black", "markersize": 5},
     "checkpoint restored": {"marker": "*", "color": "#2ca02c", "markersize": 12},
     "checkpoint failed verification": {"marker": "X", "color": "#d62728", "markersize": 9},
@@ -206,7 +210,7 @@ def _draw_steps(ax: Axes, report: Report, t0: float) -> None:
     used: list[str] = []
 
     def mark(name: str, xs: Sequence[float], ys: Sequence[float]) -> None:
-        ax.plot(xs, ys, linestyle="none", **_MARKS[name])  # type: ignore[arg-type]
+        ax.plot(xs, ys, linestyle="none", **_MARKS[name])
         used.append(name)
 
     for p in report.processes:
@@ -247,8 +251,7 @@ def _draw_steps(ax: Axes, report: Report, t0: float) -> None:
             )
     handles, _ = ax.get_legend_handles_labels()
     handles += [
-        Line2D([], [], linestyle="none", label=name, **_MARKS[name])  # type: ignore[arg-type]
-        for name in dict.fromkeys(used)
+        Line2D([], [], linestyle="none", label=name, **_MARKS[name]) for name in dict.fromkeys(used)
     ]
     ax.legend(handles=handles, loc="best", fontsize=8, framealpha=0.9)
     ax.set_ylabel("training step")
@@ -304,6 +307,9 @@ def _title(report: Report) -> str:
         return f"{report.scenario}: no incident (job {report.job.id}, {report.wall_s:.1f} s)"
     inc = report.incidents[0]
     where = f"{inc.fault} on {inc.node}"
+    if inc.recovery_s is None:
+        why = inc.why.get("replacement") or inc.why.get("warmup", "")
+        return f"{where}: the job did not train again before the run ended ({why})"
     if report.scenario != inc.fault:
         where = f"{report.scenario}: {where}"
     if len(report.incidents) > 1:
@@ -356,9 +362,9 @@ def render_png(report: Report, *, dpi: int = 110) -> bytes:
             ax.axvline(inc.fault_at - t0, color="#d62728", linestyle="--", linewidth=1.2)
         steps_ax.annotate(
             f"fault: {inc.fault} on {inc.node}",
-            (inc.fault_at - t0, 1.0),
+            (inc.fault_at - t0, 0.0),
             xycoords=("data", "axes fraction"),
-            xytext=(4, -12),
+            xytext=(4, 6),
             textcoords="offset points",
             color="#d62728",
             fontsize=8.5,
