@@ -96,7 +96,7 @@ def _taken_out_as(incident: Incident) -> str | None:
 
 def _incident(inc: Incident, run: RunRecord, processes: Sequence[Process]) -> IncidentReport:
     ph = incident_phases(inc, run, processes)
-    actions = tuple(
+    lines = [
         ActionLine(
             kind=a.kind,
             node=a.node,
@@ -106,7 +106,8 @@ def _incident(inc: Incident, run: RunRecord, processes: Sequence[Process]) -> In
             at=a.finished if a.finished is not None else a.planned,
         )
         for a in inc.actions
-    )
+    ]
+    actions = tuple(sorted(lines, key=lambda a: float("inf") if a.at is None else a.at))
     left, returned = _node_left(inc, run.incidents)
     marks = dict(ph.marks)
     if returned is not None:

@@ -85,7 +85,7 @@ def match_fault(incident: Incident, faults: Sequence[Fault]) -> Fault | None:
 def _fault_time(incident: Incident, run: RunRecord) -> tuple[float, str]:
     injected = match_fault(incident, run.faults)
     if injected is not None:
-        return injected.at, f"injected via {injected.via} (run.json)"
+        return injected.at, f"injected via {injected.via}, per run.json"
     observed = incident.first("fault")
     if observed is not None:
         return observed.at, "observed by the agent (no injection in run.json)"

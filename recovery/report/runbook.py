@@ -117,6 +117,11 @@ def _next_steps(report: Report, inc: IncidentReport) -> list[str]:
         )
     if "replacement" in inc.why:
         steps.append(f"No spare was promoted: {inc.why['replacement']}.")
+    if any("spare pool was empty" in n for n in inc.notes):
+        steps.append(
+            "The job waited for a spare: keep at least one in the pool (`recover cluster "
+            "retire NODE` takes an idle node into it)."
+        )
     if inc.fallbacks:
         steps.append(
             f"Checkpoints were damaged: `recover checkpoint verify {report.job.run_dir}` and "
