@@ -16,6 +16,7 @@ from recovery.cli import cluster as _cluster
 from recovery.cli import coordinator as _coordinator
 from recovery.cli import inject as _inject
 from recovery.cli import ops as _ops
+from recovery.cli import report as _report
 from recovery.cli import train as _train
 from recovery.errors import RecoverError
 
@@ -37,6 +38,7 @@ _train.register(app)
 _cluster.register(app)
 _ops.register(app)
 _inject.register(app)
+_report.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,183 @@
+"""``build_report``: a run record in, the report as values out. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from recovery.errors import UsageError
+from recovery.ports.slurm import mark
+from recovery.report.goodput import goodput
+from recovery.report.model import ActionLine, IncidentReport, Report
+from recovery.report.phases import incident_phases, match_fault
+from recovery.report.processes import Process, split_processes
+from recovery.report.run import ActionEntry, Incident, RunRecord
+
+
+def _slurm_reason(a: ActionEntry) -> str | None:
+    reason = a.params.get("reason")
+    if a.kind not in ("down", "drain") or not isinstance(reason, str) or not reason.strip():
+        return None
+    try:
+        return mark(reason)
+    except UsageError:  # a reason Slurm could not store as it is: show it unmarked
+        return reason
+
+
+def _step_at(processes: Sequence[Process], at: float) -> int | None:
+    done = [s.step for p in processes for s in p.steps if s.ts <= at]
+    return done[-1] if done else None
+
+
+def _interrupted(processes: Sequence[Process], successor: int | None, fault_at: float) -> str:
+    if successor is None or successor == 0:
+        return ""
+    p = processes[successor - 1]
+    last = p.last_step.step if p.last_step else None
+    when = f"{p.end - fault_at:+.2f} s from the fault"
+    if p.outcome == "preempted":
+        return (
+            f"the job ran on to step {last} and, when stopped ({when}), saved step "
+            f"{p.final_step} on its way out"
+        )
+    if p.outcome == "completed":
+        return f"the job completed at step {p.final_step} ({when}) before it was restarted"
+    return f"the job ran on to step {last} and was killed ({when}) without a final save"
+
+
+def _recovery(fault_at: float, marks: dict[str, float]) -> float | None:
+    first = marks.get("first_step")
+    return None if first is None else max(0.0, first - fault_at)
+
+
+def _node_left(incident: Incident, everything: Sequence[Incident]) -> tuple[str, float | None]:
+    """How the failed node was left, and when it went back to the spare pool (None: it did
+    not). A repair (``returned-to-pool``) may be journaled under any incident."""
+    node = incident.node
+    later = sorted(
+        (p for inc in everything for p in inc.phases if p.at >= incident.opened),
+        key=lambda p: p.at,
+    )
+    state, returned = None, None
+    for p in later:
+        if p.name == "returned-to-pool" and p.detail.split()[:1] == [node] and returned is None:
+            state, returned = "repaired and returned to the spare pool", p.at
+        elif p.name == "spare-promoted" and p.detail == node and returned is not None:
+            state = "repaired, returned to the spare pool, then promoted back into service"
+    if state:
+        return state, returned
+    return _taken_out_as(incident) or "in service", None
+
+
+def _notes(incident: Incident, fault_at: float) -> tuple[str, ...]:
+    """What the phase table alone does not say."""
+    notes = []
+    empty = incident.first("no-spare")
+    promoted = incident.first("spare-promoted")
+    if empty is not None:
+        later = (
+            f"; {promoted.detail} was promoted once it was back in the pool "
+            f"({promoted.at - fault_at:+.2f} s)"
+            if promoted is not None
+            else "; no spare came back before the run ended"
+        )
+        notes.append(f"the spare pool was empty ({empty.at - fault_at:+.2f} s){later}")
+    held = incident.first("held")
+    if held is not None:
+        notes.append(f"the breaker held the actions ({held.at - fault_at:+.2f} s): {held.detail}")
+    return tuple(notes)
+
+
+def _taken_out_as(incident: Incident) -> str | None:
+    taken = [a for a in incident.actions if a.kind in ("down", "drain") and a.status == "done"]
+    if not taken:
+        return None
+    return "DOWN" if taken[0].kind == "down" else "DRAIN"
+
+
+def _incident(inc: Incident, run: RunRecord, processes: Sequence[Process]) -> IncidentReport:
+    ph = incident_phases(inc, run, processes)
+    lines = [
+        ActionLine(
+            kind=a.kind,
+            node=a.node,
+            status=a.status,
+            detail=a.detail,
+            slurm_reason=_slurm_reason(a),
+            at=a.finished if a.finished is not None else a.planned,
+        )
+        for a in inc.actions
+    ]
+    actions = tuple(sorted(lines, key=lambda a: float("inf") if a.at is None else a.at))
+    left, returned = _node_left(inc, run.incidents)
+    marks = dict(ph.marks)
+    if returned is not None:
+        marks["returned"] = returned
+    decided = inc.first("decided")
+    reasons = [a.slurm_reason for a in actions if a.slurm_reason and a.node == inc.node]
+    return IncidentReport(
+        id=inc.id,
+        node=inc.node,
+        fault=inc.fault,
+        verdict=inc.verdict,
+        status=inc.status,
+        fault_at=ph.fault_at,
+        fault_source=ph.fault_source,
+        step_at_fault=_step_at(processes, ph.fault_at),
+        interrupted=_interrupted(processes, ph.successor, ph.fault_at),
+        recovery_s=_recovery(ph.fault_at, ph.marks),
+        phases=ph.phases,
+        why=ph.why,
+        marks=marks,
+        steps_recomputed=ph.steps_recomputed,
+        restored_step=ph.restored_step,
+        high_water_step=ph.high_water_step,
+        fallbacks=ph.fallbacks,
+        spare=ph.spare,
+        decision=decided.detail if decided else "",
+        path=str(inc.info.get("path", "")),
+        actions=actions,
+        journal=inc.phases,
+        node_left=left,
+        taken_out_as=_taken_out_as(inc),
+        slurm_reason=reasons[0] if reasons else None,
+        returned_to_pool=returned is not None,
+        successor_index=ph.successor,
+        notes=_notes(inc, ph.fault_at),
+    )
+
+
+def build_report(run: RunRecord) -> Report:
+    """The report of ``run``: per incident its phases (see :mod:`recovery.report.phases`),
+    over the run goodput and badput (see :mod:`recovery.report.goodput`). Never raises on a
+    well-formed record; what the record lacks shows as None with the reason."""
+    processes = split_processes(run.events)
+    incidents = tuple(
+        _incident(inc, run, processes) for inc in sorted(run.incidents, key=lambda i: i.opened)
+    )
+    matched = {id(f) for inc in run.incidents if (f := match_fault(inc, run.faults))}
+    last = processes[-1] if processes else None
+    completed = last is not None and last.outcome == "completed"
+    digest_match = (
+        None
+        if run.control_digest is None or run.final_digest is None
+        else run.control_digest == run.final_digest
+    )
+    return Report(
+        directory=str(run.directory),
+        scenario=run.scenario,
+        started=run.started,
+        finished=run.finished,
+        job=run.job,
+        nodes=run.nodes,
+        spares=run.spares,
+        incidents=incidents,
+        unmatched_faults=tuple(f for f in run.faults if id(f) not in matched),
+        goodput=goodput(processes, run.started, run.finished),
+        processes=tuple(processes),
+        completed=completed,
+        final_step=last.final_step if last else None,
+        control_digest=run.control_digest,
+        final_digest=run.final_digest,
+        digest_match=digest_match,
+        notes=run.notes,
+    )

@@ -1,0 +1,124 @@
+"""The report as values: what ``report.json`` holds and ``report.md``, the table and the
+timeline are drawn from. Times are wall seconds (Unix), durations seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from recovery.report.goodput import Goodput
+from recovery.report.processes import Fallback, Process
+from recovery.report.run import Fault, Job, PhaseMark
+
+
+@dataclass(frozen=True)
+class ActionLine:
+    """One action the coordinator took, as the runbook shows it."""
+
+    kind: str
+    node: str
+    status: str
+    detail: str
+    slurm_reason: str | None
+    """The reason Slurm shows for a take-down or drain (with the ``recover:`` owner mark)."""
+    at: float | None
+    """When it finished (or was planned, if it never finished)."""
+
+
+@dataclass(frozen=True)
+class IncidentReport:
+    id: str
+    node: str
+    fault: str
+    verdict: str
+    status: str
+    fault_at: float
+    fault_source: str
+    step_at_fault: int | None
+    """The last step the job had finished when the fault happened."""
+    interrupted: str
+    """How the process running at the fault ended, in words (empty when none was)."""
+    recovery_s: float | None
+    """Fault to the first update of the restarted process beginning: the chain of phases
+    from ``detection`` to ``warmup``."""
+    phases: dict[str, float | None]
+    """Seconds for each of :data:`recovery.report.phases.PHASES`; None when it did not
+    happen (see ``why``)."""
+    why: dict[str, str]
+    marks: dict[str, float]
+    steps_recomputed: int | None
+    restored_step: int | None
+    high_water_step: int | None
+    fallbacks: tuple[Fallback, ...]
+    spare: str | None
+    decision: str
+    """The coordinator's reason for its verdict."""
+    path: str
+    """How the job was moved (``info.path`` in the journal)."""
+    actions: tuple[ActionLine, ...]
+    journal: tuple[PhaseMark, ...]
+    """Every phase the coordinator recorded, in time order."""
+    node_left: str
+    """How the failed node was left: ``DOWN``, ``DRAIN``, ``returned to the spare pool``,
+    ``in service``."""
+    taken_out_as: str | None
+    """``DOWN`` or ``DRAIN``: how the coordinator took the node out; None if it did not."""
+    slurm_reason: str | None
+    """The reason it set on the node in Slurm."""
+    returned_to_pool: bool
+    successor_index: int | None
+    """Index in :attr:`Report.processes` of the process that restarted after the fault."""
+    notes: tuple[str, ...]
+    """What the phases alone do not tell (an empty spare pool, actions held)."""
+
+
+@dataclass(frozen=True)
+class Report:
+    directory: str
+    scenario: str
+    started: float
+    finished: float
+    job: Job
+    nodes: tuple[str, ...]
+    spares: tuple[str, ...]
+    incidents: tuple[IncidentReport, ...]
+    unmatched_faults: tuple[Fault, ...]
+    """Injected faults no incident was opened for (not detected, or ignored)."""
+    goodput: Goodput
+    processes: tuple[Process, ...]
+    completed: bool
+    final_step: int | None
+    control_digest: str | None
+    final_digest: str | None
+    digest_match: bool | None
+    """Whether the final state equals the uninterrupted control run's (None: unknown)."""
+    notes: tuple[str, ...]
+
+    @property
+    def wall_s(self) -> float:
+        return self.finished - self.started
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready form (``report.json``); processes without their per-step lists."""
+        doc = dataclasses.asdict(self)
+        doc["wall_s"] = self.wall_s
+        doc["processes"] = [
+            {
+                "index": p.index,
+                "node": p.node,
+                "restart_count": p.restart_count,
+                "started": p.started,
+                "end": p.end,
+                "outcome": p.outcome,
+                "restored_step": p.restored_step,
+                "restore_s": p.restore_s,
+                "fallbacks": [dataclasses.asdict(f) for f in p.fallbacks],
+                "first_step": p.steps[0].step if p.steps else None,
+                "last_step": p.steps[-1].step if p.steps else None,
+                "updates": len(p.steps),
+                "checkpoints": [c.step for c in p.checkpoints],
+            }
+            for p in self.processes
+        ]
+        return doc

@@ -1,0 +1,221 @@
+"""Where one incident's time went: the journal's phases joined with the job's event log.
+
+The chain from the fault to training again, each phase starting where the one before ended::
+
+    fault ─detection─► decided ─take_out─► node down/drained ─requeue_wait─► job running
+    again in Slurm ─job_restart─► process started ─restore─► restored ─warmup─► first update
+    begins ─recompute─► the step reached before the restart is reached again
+
+``replacement`` (fault to spare promoted) runs beside the chain, and ``no_progress`` covers it
+all: from the last update before the restart to the first update beyond it. Durations are in
+seconds; a phase that did not happen is None and :attr:`IncidentPhases.why` says why.
+Pure: records in, numbers out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from recovery.report.processes import Fallback, Process
+from recovery.report.run import Fault, Incident, RunRecord
+
+#: The phases of every incident, in the order reports show them.
+PHASES = (
+    "detection",
+    "take_out",
+    "requeue_wait",
+    "replacement",
+    "job_restart",
+    "restore",
+    "warmup",
+    "recompute",
+    "no_progress",
+)
+#: How much earlier than the coordinator's record an injection may be matched to an incident.
+MATCH_WINDOW_S = 600.0
+
+
+@dataclass(frozen=True)
+class IncidentPhases:
+    phases: dict[str, float | None]
+    """Seconds per name of :data:`PHASES`, exactly those keys."""
+    why: dict[str, str]
+    """For each phase that is None: why it did not happen."""
+    marks: dict[str, float]
+    """The instants the phases run between (wall seconds), by name: ``fault``, ``decided``,
+    ``node_out``, ``requeued``, ``job_running``, ``spare_ready``, ``started``, ``restored``,
+    ``first_step``, ``caught_up``, ``progress``, ``last_step_before``."""
+    fault_at: float
+    fault_source: str
+    """Where ``fault_at`` comes from: the injection in run.json, or the agent's observation."""
+    restored_step: int | None
+    high_water_step: int | None
+    """The last step reached before the restart (by any earlier process)."""
+    steps_recomputed: int | None
+    fallbacks: tuple[Fallback, ...]
+    spare: str | None
+    successor: int | None
+    """Index of the process that restarted after the fault, if any."""
+
+
+@dataclass(frozen=True)
+class _Restart:
+    process: Process | None
+    high: int | None
+    last_before: float | None
+    recomputed: int = 0
+    caught_up: float | None = None
+    progress: float | None = None
+
+
+def match_fault(incident: Incident, faults: Sequence[Fault]) -> Fault | None:
+    """The injection that caused ``incident``: same node, at or before the incident opened
+    (within :data:`MATCH_WINDOW_S`), the latest such; a same-named fault wins a tie."""
+    candidates = [
+        f
+        for f in faults
+        if f.node == incident.node and incident.opened - MATCH_WINDOW_S <= f.at <= incident.opened
+    ]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda f: (f.at, f.fault == incident.fault))
+
+
+def _fault_time(incident: Incident, run: RunRecord) -> tuple[float, str]:
+    injected = match_fault(incident, run.faults)
+    if injected is not None:
+        return injected.at, f"injected via {injected.via}, per run.json"
+    observed = incident.first("fault")
+    if observed is not None:
+        return observed.at, "observed by the agent (no injection in run.json)"
+    return incident.opened, "the incident's opening (no injection or observation recorded)"
+
+
+def _span(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else max(0.0, b - a)
+
+
+def _affects_job(incident: Incident, run: RunRecord) -> bool:
+    return run.job.id in incident.jobs or incident.node in run.job.nodes
+
+
+def _spare(incident: Incident, why: dict[str, str]) -> tuple[str | None, float | None]:
+    promote = [a for a in incident.actions if a.kind == "promote"]
+    promoted = incident.first("spare-promoted")
+    if promoted is not None:
+        return promoted.detail or None, promoted.at
+    if not promote:
+        why["replacement"] = f"verdict {incident.verdict} needs no spare: no promotion planned"
+    elif incident.first("no-spare") is not None:
+        status = promote[0].status
+        why["replacement"] = f"the spare pool was empty; the promotion stayed {status}"
+    else:
+        a = promote[0]
+        why["replacement"] = f"the promotion is {a.status}: {a.detail or 'no detail'}"
+    return None, None
+
+
+def _restart(
+    processes: Sequence[Process], fault_at: float, reason: str | None, why: dict[str, str]
+) -> _Restart:
+    """What the job did after the fault: the first process started after it, the step the
+    processes before it had reached, and how long the new one took to get back there.
+    ``reason``: why no restart is looked for (the job was not on the node), or None."""
+    succ = None if reason else next((p for p in processes if p.started > fault_at), None)
+    until = succ.started if succ else float("inf")
+    before = [
+        s for p in processes[: succ.index if succ else None] for s in p.steps if s.ts <= until
+    ]
+    high = max((s.step for s in before), default=None)
+    last = max((s.ts for s in before if s.step == high), default=None)
+    if succ is None:
+        reason = reason or "the job did not start again after the fault before the run ended"
+        for name in ("requeue_wait", "job_restart", "restore", "warmup", "recompute"):
+            why[name] = reason
+        why["no_progress"] = reason
+        return _Restart(None, high, last)
+    if succ.restored_at is None:
+        why["restore"] = "the new process found no checkpoint and started from step 0"
+    target = high or 0
+    recomputed = max(0, target - (succ.restored_step or 0))
+    first = succ.first_step_start
+    reached = succ.step_at(target)
+    caught = first if recomputed == 0 else (reached.ts if reached else None)
+    beyond = succ.first_beyond(target)
+    if first is None:
+        why["warmup"] = why["recompute"] = "the new process made no update"
+    elif caught is None:
+        why["recompute"] = f"the new process never got back to step {target}"
+    if beyond is None:
+        why["no_progress"] = f"no update past step {target} after the restart"
+    return _Restart(succ, high, last, recomputed, caught, beyond.ts if beyond else None)
+
+
+def incident_phases(
+    incident: Incident, run: RunRecord, processes: Sequence[Process]
+) -> IncidentPhases:
+    """The phases of ``incident`` in ``run`` whose job ran as ``processes``."""
+    fault_at, source = _fault_time(incident, run)
+    why: dict[str, str] = {}
+    decided_phase = incident.first("decided") or incident.first("received")
+    decided = decided_phase.at if decided_phase else incident.opened
+    out = incident.first("node-down", "node-drained")
+    node_out = out.at if out else None
+    if node_out is None:
+        why["take_out"] = f"verdict {incident.verdict} keeps {incident.node} in service"
+    requeued = incident.first("jobs-requeued")
+    running = incident.first("job-running")
+    spare, spare_at = _spare(incident, why)
+    not_ours = None if _affects_job(incident, run) else f"no job of this run was on {incident.node}"
+    r = _restart(processes, fault_at, not_ours, why)
+    succ = r.process
+    started = succ.started if succ else None
+    # Slurm running the job again as the coordinator saw it on a tick (else the requeue it
+    # saw); never later than the process itself starting, which the tick may lag.
+    requeue_end = running.at if running else (requeued.at if requeued else None)
+    if requeue_end is not None and started is not None:
+        requeue_end = min(requeue_end, started)
+    if requeue_end is None and succ is not None:
+        why["requeue_wait"] = "the journal recorded neither jobs-requeued nor job-running"
+    take_start = node_out if node_out is not None else decided
+    restored = succ.restored_at if succ else None
+    first = succ.first_step_start if succ else None
+    marks = {
+        "fault": fault_at,
+        "decided": decided,
+        "node_out": node_out,
+        "requeued": requeued.at if requeued else None,
+        "job_running": requeue_end,
+        "spare_ready": spare_at,
+        "last_step_before": r.last_before,
+        "started": started,
+        "restored": restored,
+        "first_step": first,
+        "caught_up": r.caught_up,
+        "progress": r.progress,
+    }
+    phases: dict[str, float | None] = {
+        "detection": _span(fault_at, decided),
+        "take_out": _span(decided, node_out),
+        "requeue_wait": _span(take_start, requeue_end) if succ is not None else None,
+        "replacement": _span(fault_at, spare_at),
+        "job_restart": _span(requeue_end if requeue_end is not None else take_start, started),
+        "restore": _span(started, restored),
+        "warmup": _span(restored if restored is not None else started, first),
+        "recompute": _span(first, r.caught_up),
+        "no_progress": _span(r.last_before if r.last_before is not None else fault_at, r.progress),
+    }
+    return IncidentPhases(
+        phases=phases,
+        why={k: v for k, v in why.items() if phases.get(k) is None},
+        marks={k: v for k, v in marks.items() if v is not None},
+        fault_at=fault_at,
+        fault_source=source,
+        restored_step=succ.restored_step if succ else None,
+        high_water_step=r.high,
+        steps_recomputed=r.recomputed if succ else None,
+        fallbacks=succ.fallbacks if succ else (),
+        spare=spare,
+        successor=succ.index if succ else None,
+    )

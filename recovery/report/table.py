@@ -1,0 +1,164 @@
+"""The report as plain text: what ``recover report DIR`` prints. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from recovery.report.goodput import Goodput
+from recovery.report.model import IncidentReport, Report
+from recovery.report.phases import PHASES
+
+#: Badput buckets as people read them.
+BUCKET_NAMES = {
+    "productive": "productive (goodput)",
+    "program_startup": "program startup",
+    "checkpoint_restore": "checkpoint restore",
+    "wasted_progress_from_disruption": "wasted progress from disruption",
+    "infrastructure_recovery_from_disruption": "infrastructure recovery from disruption",
+    "checkpoint_save_blocking": "checkpoint save blocking",
+    "other": "other",
+}
+
+
+def seconds(value: float | None) -> str:
+    """``12.345`` -> ``"12.35 s"``; None -> ``"-"``."""
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
+    """Columns as wide as their widest cell; the columns in ``right`` are right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def cell(i: int, c: str) -> str:
+        return c.rjust(widths[i]) if i in right else c.ljust(widths[i])
+
+    return "\n".join("  ".join(cell(i, c) for i, c in enumerate(r)).rstrip() for r in cells)
+
+
+def phase_spans(inc: IncidentReport) -> dict[str, str]:
+    """What each phase runs between, in this incident's words."""
+    out = f"{inc.node} {inc.taken_out_as or 'out'}"
+    restored = (
+        f"restored step {inc.restored_step}" if inc.restored_step is not None else "no restore"
+    )
+    fallbacks = f", {len(inc.fallbacks)} fallback(s)" if inc.fallbacks else ""
+    high = inc.high_water_step if inc.high_water_step is not None else 0
+    return {
+        "detection": "fault -> coordinator decision recorded",
+        "take_out": f"decision -> {out}",
+        "requeue_wait": f"{out} -> Slurm runs the job again",
+        "replacement": f"fault -> {inc.spare or 'a spare'} promoted and ready",
+        "job_restart": "job running again -> trainer process started",
+        "restore": f"started -> {restored}{fallbacks}",
+        "warmup": "restored -> first update begins (compile)",
+        "recompute": f"redo {inc.steps_recomputed or 0} step(s) up to step {high}",
+        "no_progress": f"last update before the restart (step {high}) -> first one past it",
+    }
+
+
+#: The mark (:attr:`IncidentReport.marks`) each phase ends at.
+PHASE_ENDS = {
+    "detection": "decided",
+    "take_out": "node_out",
+    "requeue_wait": "job_running",
+    "replacement": "spare_ready",
+    "job_restart": "started",
+    "restore": "restored",
+    "warmup": "first_step",
+    "recompute": "caught_up",
+    "no_progress": "progress",
+}
+
+
+def offset(inc: IncidentReport, mark: str) -> str:
+    """When ``mark`` happened, as ``+12.34 s`` from the fault (``-`` if it did not)."""
+    at = inc.marks.get(mark)
+    return "-" if at is None else f"{at - inc.fault_at:+.2f} s"
+
+
+def phase_rows(inc: IncidentReport) -> list[tuple[str, str, str, str]]:
+    """``(phase, seconds, end from the fault, what it spans or why it did not happen)``."""
+    what = phase_spans(inc)
+    return [
+        (
+            name,
+            seconds(inc.phases[name]),
+            offset(inc, PHASE_ENDS[name]) if inc.phases[name] is not None else "-",
+            what[name] if inc.phases[name] is not None else f"n/a: {inc.why.get(name, '')}",
+        )
+        for name in PHASES
+    ]
+
+
+def headline(inc: IncidentReport) -> str:
+    """Lost progress against replacement time, in one line."""
+    lost = inc.steps_recomputed
+    recompute = inc.phases["recompute"]
+    replacement = inc.phases["replacement"]
+    lost_text = "-" if lost is None else f"{lost} step(s), {seconds(recompute)} recomputing"
+    repl_text = (
+        seconds(replacement)
+        if replacement is not None
+        else f"none ({inc.why.get('replacement', 'no spare')})"
+    )
+    again = seconds(inc.recovery_s) if inc.recovery_s is not None else "never"
+    return (
+        f"lost progress: {lost_text}; replacement: {repl_text}; fault -> training again: "
+        f"{again}; without progress: {seconds(inc.phases['no_progress'])}"
+    )
+
+
+def goodput_rows(g: Goodput) -> list[tuple[str, str, str]]:
+    rows = [(BUCKET_NAMES["productive"], f"{g.productive_s:.2f}", f"{100 * g.goodput:.1f}%")]
+    rows += [(BUCKET_NAMES[b.name], f"{b.seconds:.2f}", f"{100 * b.share:.1f}%") for b in g.badput]
+    total = g.productive_s + sum(b.seconds for b in g.badput)
+    rows.append(
+        ("total (wall time)", f"{total:.2f}", f"{100 * total / g.wall_s:.1f}%" if g.wall_s else "-")
+    )
+    return rows
+
+
+def render_table(report: Report, png: str | None = None) -> str:
+    """The text ``recover report DIR`` prints: per incident each phase and lost progress
+    against replacement time, then goodput and badput, then the timeline's path."""
+    job = report.job
+    lines = [
+        f"run {report.scenario}: {report.directory}",
+        f"job {job.id} ({job.model}, {job.steps} steps, checkpoint every {job.save_every}) on "
+        f"{','.join(job.nodes)}; wall {report.wall_s:.2f} s; "
+        + ("completed" if report.completed else "did NOT complete")
+        + _digest(report),
+    ]
+    if not report.incidents:
+        lines.append("no incident")
+    for inc in report.incidents:
+        at = f" at step {inc.step_at_fault}" if inc.step_at_fault is not None else ""
+        lines += [
+            "",
+            f"incident {inc.id}: {inc.fault} on {inc.node}{at} -> {inc.verdict} ({inc.status})",
+            table(("PHASE", "TIME", "ENDS", "SPANS"), phase_rows(inc), right=(1, 2)),
+            headline(inc),
+            *(f"note: {n}" for n in inc.notes),
+        ]
+    for f in report.unmatched_faults:
+        lines += ["", f"fault {f.fault} injected on {f.node} via {f.via}: NO incident opened"]
+    lines += [
+        "",
+        f"goodput {100 * report.goodput.goodput:.1f}% of {report.goodput.wall_s:.2f} s",
+        table(("BUCKET", "SECONDS", "SHARE"), goodput_rows(report.goodput), right=(1, 2)),
+    ]
+    if png:
+        lines += ["", f"timeline: {png}"]
+    return "\n".join(lines)
+
+
+def _digest(report: Report) -> str:
+    if report.digest_match is None:
+        return ""
+    return (
+        "; final state equals the uninterrupted control run"
+        if report.digest_match
+        else "; final state DIFFERS from the uninterrupted control run"
+    )
