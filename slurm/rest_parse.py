@@ -7,7 +7,8 @@ captured in ``tests/slurm/samples/rest-22.05/``. Node and job lists have the sam
 * Every JSON reply carries ``errors``: entries with ``error`` (text) and one of
   ``error_number``, ``error_code`` or ``errno``, sometimes a ``description``.
 * A refusal usually comes with HTTP 500 (``Invalid job id specified``, 2017) or 400 (a request
-  slurmrestd could not parse); an unreachable slurmctld with 500 and either its text
+  slurmrestd could not parse, whose entries may say errno -1 too); an unreachable slurmctld
+  with 500 and either its text
   (``Unable to contact slurm controller``, 1800) or a bare ``Unspecified error`` (errno -1),
   which 22.05 also answers when slurmctld rejects the JWT: the two cannot be told apart from
   the reply, so errno -1 counts as transient unless the token has expired.
@@ -90,8 +91,9 @@ def classify(
     ``token_expired`` says whether the JWT sent has expired (see :func:`token_expiry`). Pure.
 
     Unreachable slurmctld, a 502/503/504 from a proxy -> SlurmUnavailableError (transient);
-    401 -> SlurmRefusedError naming the credentials; 404 -> SlurmUnsupportedError (the caller
-    adds what the daemon does offer); any other error -> SlurmRefusedError (a verdict).
+    401 -> SlurmRefusedError naming the credentials; 400 -> SlurmRefusedError (malformed);
+    404 -> SlurmUnsupportedError (the caller adds what the daemon does offer); any other
+    error -> SlurmRefusedError (a verdict).
     """
     doc = load_reply(text)
     errors = reply_errors(doc)
@@ -111,6 +113,9 @@ def classify(
         cls = SlurmUnavailableError if status in _GATEWAY_STATUSES else SlurmRefusedError
         return cls(f"{what}: HTTP {status} without a JSON reply: {text.strip()[:200]!r}")
     detail = "; ".join(str(e) for e in errors) or f"HTTP {status}"
+    if status == 400:
+        # slurmrestd could not parse the request; its entries may still say errno -1.
+        return SlurmRefusedError(f"{what}: refused as malformed (HTTP 400): {detail}")
     if any(e.number in UNREACHABLE_ERRNOS or UNREACHABLE.search(e.text) for e in errors):
         return SlurmUnavailableError(f"{what}: slurmctld unreachable: {detail}", delay=1.0)
     if any(e.number == UNSPECIFIED_ERRNO for e in errors):

@@ -134,6 +134,11 @@ class RestSlurm(SlurmBase):
         except OSError as e:
             raise UsageError(f"Cannot read the Slurm JWT file {self.token_file}: {e}") from e
 
+    def _headers(self, token: str | None) -> dict[str, str]:
+        if token is None or self.user is None:
+            return {}
+        return {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": token}
+
     def request(
         self,
         method: str,
@@ -151,12 +156,9 @@ class RestSlurm(SlurmBase):
         """
         what = f"{method} {path}"
         token = self._token()
-        headers = {}
-        if token is not None and self.user is not None:
-            headers = {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": token}
         try:
             reply = self._http.request(
-                method, API + path, params=params, json=body, headers=headers
+                method, API + path, params=params, json=body, headers=self._headers(token)
             )
         except httpx.TimeoutException as e:
             raise SlurmUnavailableError(
@@ -185,7 +187,7 @@ class RestSlurm(SlurmBase):
     def _offered(self) -> str:
         # Only for the message of a 404: what the daemon does serve.
         try:
-            doc = self._http.get("/openapi/v3").text
+            doc = self._http.get("/openapi/v3", headers=self._headers(self._token())).text
         except httpx.HTTPError as e:
             return f"its /openapi/v3 could not be read ({type(e).__name__})"
         versions = rest_parse.offered_versions(doc)

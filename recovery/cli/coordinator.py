@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from recovery.cli.slurm_options import SlurmBackend, SlurmJwtFile, SlurmRestd, SlurmUser
+
 app = typer.Typer(help="Run the coordinator (events in, Slurm actions out).", no_args_is_help=True)
 policy_app = typer.Typer(help="Inspect the fault policy.", no_args_is_help=True)
 
@@ -31,9 +33,14 @@ def serve(
         bool, typer.Option("--dry-run", help="Decide and record, but apply no action.")
     ] = False,
     tick: Annotated[float, typer.Option(help="Seconds between Slurm reconcile polls.")] = 0.5,
+    slurm_backend: SlurmBackend = None,
+    slurmrestd: SlurmRestd = None,
+    slurm_jwt_file: SlurmJwtFile = None,
+    slurm_user: SlurmUser = None,
 ) -> None:
     """Serve the intake API and act on health events until SIGTERM/SIGINT."""
     from recovery.service.main import ServeOptions, run_coordinator
+    from recovery.wiring import SlurmAccess
 
     run_coordinator(
         ServeOptions(
@@ -43,6 +50,7 @@ def serve(
             config=config,
             dry_run=dry_run,
             tick_s=tick,
+            slurm_access=SlurmAccess(slurm_backend, slurmrestd, slurm_jwt_file, slurm_user),
         )
     )
 
