@@ -140,6 +140,12 @@ class ReasonNotOursError(SlurmRefusedError):
         self.set_by = set_by
 
 
+class SlurmUnsupportedError(SlurmError):
+    """The Slurm backend in use cannot even ask this of this Slurm (e.g. slurmrestd 22.05 has
+    no node update); the message names what can. Not a refusal (Slurm was never asked, so no
+    re-read can show it done), but a verdict all the same: retrying cannot help."""
+
+
 class NoSpareError(SlurmError):
     """A spare was requested but none is held in the pool."""
 

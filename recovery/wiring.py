@@ -2,10 +2,12 @@
 adapters for the core's ports.
 
 Every command that talks to Slurm (``recover cluster status/promote/retire``, ``recover
-sbatch``, later the coordinator's start-up) finds its cluster here, the same way: an explicit
+sbatch``, the coordinator's start-up) finds its cluster here, the same way: an explicit
 ``--slurm-conf``, else ``$SLURM_CONF``, else the local cluster recorded in the state dir. The
-environment comes in as a parameter, so tests control it. Adapters are imported inside the
-functions so that importing this module (and ``recover --help``) stays cheap.
+backend is a choice too (:class:`SlurmAccess`): Slurm's commands (``cli``, the default) or
+slurmrestd (``rest``). The environment comes in as a parameter, so tests control it. Adapters
+are imported inside the functions so that importing this module (and ``recover --help``)
+stays cheap.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recovery.errors import UsageError
+from recovery.errors import UsageError, unknown_choice
 from recovery.ports.nodes import NodeControl
 from recovery.ports.slurm import SlurmControl
 
@@ -43,12 +45,84 @@ def slurm_conf(explicit: str | None, state: Path | None, env: Mapping[str, str])
     return resolve_conf(explicit or env.get("SLURM_CONF") or None, state_dir(state, env))
 
 
-def slurm_control(explicit: str | None, state: Path | None, env: Mapping[str, str]) -> SlurmControl:
-    """The SlurmControl adapter for the cluster :func:`slurm_conf` resolves; its commands run
-    with ``env`` (plus ``SLURM_CONF``). Raises UsageError when no cluster is configured."""
+#: The SlurmControl backends (``--slurm-backend``): Slurm's commands, or slurmrestd.
+SLURM_BACKENDS = ("cli", "rest")
+
+
+@dataclass(frozen=True)
+class SlurmAccess:
+    """How to reach Slurm beyond its slurm.conf. A field left None falls back to its
+    environment variable, then to the default (or, for slurmrestd, the local cluster's)."""
+
+    backend: str | None = None
+    """``cli`` or ``rest`` (``$RECOVER_SLURM_BACKEND``; default ``cli``)."""
+    restd: str | None = None
+    """slurmrestd as ``http(s)://HOST:PORT`` or ``unix:PATH`` (``$RECOVER_SLURMRESTD``;
+    default: the one ``recover cluster up --rest`` started for the local cluster)."""
+    jwt_file: str | None = None
+    """File holding a JWT from ``scontrol token`` (``$RECOVER_SLURM_JWT_FILE``): sent to
+    slurmrestd, or by the CLI backend as ``SLURM_JWT`` (no munge socket needed)."""
+    user: str | None = None
+    """The user the JWT was made for, sent to slurmrestd (``$RECOVER_SLURM_USER``)."""
+
+    def resolved(self, env: Mapping[str, str]) -> SlurmAccess:
+        """Every unset field taken from ``env``; the backend checked. Raises UsageError
+        naming the valid backends for an unknown one."""
+        out = SlurmAccess(
+            backend=self.backend or env.get("RECOVER_SLURM_BACKEND") or "cli",
+            restd=self.restd or env.get("RECOVER_SLURMRESTD") or None,
+            jwt_file=self.jwt_file or env.get("RECOVER_SLURM_JWT_FILE") or None,
+            user=self.user or env.get("RECOVER_SLURM_USER") or None,
+        )
+        if out.backend not in SLURM_BACKENDS:
+            raise unknown_choice("Slurm backend", out.backend, SLURM_BACKENDS)
+        return out
+
+
+def slurm_control(
+    explicit: str | None,
+    state: Path | None,
+    env: Mapping[str, str],
+    access: SlurmAccess | None = None,
+) -> SlurmControl:
+    """The SlurmControl adapter ``access`` (resolved against ``env``) asks for: the CLI
+    backend for the cluster :func:`slurm_conf` resolves, its commands run with ``env`` (plus
+    ``SLURM_CONF``, and ``SLURM_JWT`` from the JWT file); or the REST backend (see
+    :func:`rest_control`). Raises UsageError when no cluster is configured or the options do
+    not fit together."""
+    got = (access or SlurmAccess()).resolved(env)
+    if got.backend == "rest":
+        return rest_control(got, state, env)
     from slurm.cli_slurm import CliSlurm
 
-    return CliSlurm(slurm_conf(explicit, state, env), env=env)
+    return CliSlurm(slurm_conf(explicit, state, env), env=env, jwt_file=got.jwt_file)
+
+
+def rest_control(access: SlurmAccess, state: Path | None, env: Mapping[str, str]) -> SlurmControl:
+    """The REST backend for a resolved ``access``: its ``restd``, else the slurmrestd that
+    ``recover cluster up --rest`` recorded for the local cluster in ``state`` (with its root
+    token, unless a JWT file and user are given). Raises UsageError when there is neither."""
+    from slurm.rest_slurm import RestSlurm
+
+    where, jwt_file, user = access.restd, access.jwt_file, access.user
+    if where is None:
+        from slurm.restd import load_endpoint
+
+        local = load_endpoint(state_dir(state, env))
+        if local is None:
+            raise UsageError(
+                "No slurmrestd configured: pass --slurmrestd http://HOST:PORT or unix:PATH "
+                "(or set RECOVER_SLURMRESTD), or start the local cluster's with "
+                "`recover cluster up --rest`"
+            )
+        where = local.url
+        if jwt_file is None:
+            jwt_file, user = str(local.token_file), user or local.user
+    if where.startswith("unix:"):
+        return RestSlurm(
+            socket=where.removeprefix("unix:"), token_file=jwt_file, user=user, env=env
+        )
+    return RestSlurm(url=where, token_file=jwt_file, user=user, env=env)
 
 
 def cluster_status(

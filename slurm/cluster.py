@@ -19,11 +19,12 @@ from recovery import fsutil
 from recovery.errors import (
     ClusterError,
     RecoverError,
+    SlurmNotInstalledError,
     UsageError,
     unknown_choice,
 )
 from recovery.ports.slurm import NodeInfo, describe_state
-from slurm import munge, procs
+from slurm import munge, procs, restd
 from slurm.cli_slurm import CliSlurm
 from slurm.clusterinfo import (
     REQUIRED_PROGRAMS,
@@ -36,6 +37,7 @@ from slurm.clusterinfo import (
     resolve_conf,
 )
 from slurm.conf import ClusterLayout, render_slurm_conf
+from slurm.restd import RestEndpoint
 
 __all__ = [
     "REQUIRED_PROGRAMS",
@@ -54,8 +56,10 @@ class LocalCluster:
     """Start, inspect and stop one local cluster rooted at ``state_dir``.
 
     ``slurmd_timeout_s`` (seconds) is how soon a crashed slurmd's node goes DOWN;
-    ``cred_expire_s`` bounds the wait before a requeued job restarts. ``clock``/``sleep`` are
-    injected so waiting logic can be driven by tests.
+    ``cred_expire_s`` bounds the wait before a requeued job restarts. ``jwt`` makes slurmctld
+    also accept JWTs (``auth/jwt``), which :meth:`start_rest`'s slurmrestd needs for requests
+    acting as a chosen user. ``clock``/``sleep`` are injected so waiting logic can be driven
+    by tests.
     """
 
     def __init__(
@@ -64,12 +68,14 @@ class LocalCluster:
         *,
         slurmd_timeout_s: int = 10,
         cred_expire_s: int = 10,
+        jwt: bool = False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.state_dir = Path(state_dir).absolute() if state_dir else default_state_dir()
         self.slurmd_timeout_s = slurmd_timeout_s
         self.cred_expire_s = cred_expire_s
+        self.jwt = jwt
         self._clock = clock
         self._sleep = sleep
 
@@ -119,6 +125,10 @@ class LocalCluster:
         seconds.
         """
         check_installed()
+        if self.jwt and not restd.jwt_plugin_installed():
+            raise SlurmNotInstalledError(
+                f"Slurm's auth/jwt plugin is missing; {restd.JWT_INSTALL_HINT}"
+            )
         if os.geteuid() != 0:
             raise ClusterError(
                 "the local cluster must be started as root: munged runs as user munge and "
@@ -131,6 +141,11 @@ class LocalCluster:
                 raise UsageError(
                     f"a cluster with nodes {', '.join(current.nodes + current.spares)} already "
                     f"runs in {self.state_dir}; run `recover cluster down` first"
+                )
+            if self.jwt and not self._jwt_enabled():
+                raise UsageError(
+                    f"the cluster in {self.state_dir} runs without JWT (needed by slurmrestd); "
+                    "run `recover cluster down` first"
                 )
             return current
         if current is not None:
@@ -165,6 +180,7 @@ class LocalCluster:
             munge_socket=mpaths.socket,
             slurmd_timeout_s=self.slurmd_timeout_s,
             cred_expire_s=self.cred_expire_s,
+            jwt_key=restd.make_jwt_key(d) if self.jwt else None,
         )
         self.conf_path.write_text(render_slurm_conf(layout))
         pids: dict[str, int] = {}
@@ -190,6 +206,49 @@ class LocalCluster:
             {**env, procs.NODE_ENV: name},
             self.state_dir / "log" / f"slurmd.{name}.out",
         )
+
+    # --- slurmrestd ---------------------------------------------------------------------
+
+    def _jwt_enabled(self) -> bool:
+        try:
+            return "AuthAltTypes=auth/jwt" in self.conf_path.read_text().splitlines()
+        except FileNotFoundError:
+            return False
+
+    def start_rest(self, *, timeout_s: float = 15.0) -> RestEndpoint:
+        """Start slurmrestd for the running cluster (see :mod:`slurm.restd`) and a JWT for
+        root; a no-op returning the endpoint when it runs. It is stopped by :meth:`down`.
+
+        Raises ClusterError when no cluster runs here, when it was started without ``jwt``,
+        or (with the log's tail) when slurmrestd fails; SlurmNotInstalledError when
+        slurmrestd is not installed.
+        """
+        info = self._running_info()
+        current = self.rest_endpoint()
+        if current is not None and all(procs.alive(info.pids.get(k, 0)) for k in restd.DAEMONS):
+            return current
+        if not self._jwt_enabled():
+            raise ClusterError(
+                f"the cluster in {self.state_dir} was started without JWT; slurmrestd needs it "
+                "(`recover cluster down`, then `recover cluster up --rest`)"
+            )
+        pids = dict(info.pids)
+
+        def record(key: str, pid: int) -> None:
+            # At once, so that a failure of the second daemon still lets `down` stop the first.
+            pids[key] = pid
+            self._record(replace(info, pids=pids))
+
+        endpoint = restd.launch(
+            self.state_dir, info.conf_path, _free_ports(1)[0], record,
+            timeout_s=timeout_s, clock=self._clock, sleep=self._sleep,
+        )  # fmt: skip
+        restd.save_endpoint(self.state_dir, endpoint)
+        return endpoint
+
+    def rest_endpoint(self) -> RestEndpoint | None:
+        """The slurmrestd recorded by :meth:`start_rest`, or None."""
+        return restd.load_endpoint(self.state_dir)
 
     # --- node faults (tests, demo) ------------------------------------------------------
 
@@ -297,6 +356,10 @@ class LocalCluster:
                 sleep=self._sleep,
                 clock=self._clock,
             )
+        rest = self.rest_endpoint()
+        if rest is not None:
+            restd.remove(restd.RestPaths(rest.socket.parent.parent), self.state_dir)
+            (self.state_dir / restd.REST_FILE).unlink()
         if info is not None:
             munge.remove(munge.MungePaths(info.munge_home), self.state_dir)
             (self.state_dir / STATE_FILE).unlink(missing_ok=True)

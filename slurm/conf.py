@@ -30,11 +30,21 @@ class ClusterLayout:
     slurmd_timeout_s: int = 10
     cred_expire_s: int = 10
     cpus_per_node: int = 1
+    jwt_key: Path | None = None
+    """slurmctld's HS256 key for ``auth/jwt`` (tokens for slurmrestd); None: munge only."""
 
     @property
     def all_nodes(self) -> tuple[str, ...]:
         """Compute nodes followed by spares, in port order."""
         return self.nodes + self.spares
+
+
+def _jwt_lines(key: Path | None) -> list[str]:
+    # An alternative to munge that slurmctld also accepts: slurmrestd forwards each request's
+    # JWT (made by `scontrol token`), so a client needs no munge socket, only a token.
+    if key is None:
+        return []
+    return ["AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={key}"]
 
 
 def render_slurm_conf(layout: ClusterLayout) -> str:
@@ -52,6 +62,7 @@ def render_slurm_conf(layout: ClusterLayout) -> str:
         # Credentials expire after cred_expire seconds; a requeued job may only start again
         # once its old credential expired (cred_expire + 1 s), so keep this small.
         f"AuthInfo=socket={layout.munge_socket},cred_expire={layout.cred_expire_s}",
+        *_jwt_lines(layout.jwt_key),
         "SlurmUser=root",
         "SlurmdUser=root",
         "ProctrackType=proctrack/linuxproc",

@@ -23,6 +23,15 @@ from recovery.ports.slurm import NODE_BASE_STATES, JobInfo, NodeInfo
 
 _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
+#: Text in a command's stderr or a REST error meaning slurmctld could not be reached: worth
+#: retrying later (both backends classify with it).
+UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|Connection refused|timed out|Socket timed out"
+    r"|Zero Bytes were transmitted|Communication connection failure|Unable to connect"
+    r"|Could not establish a configuration source|Slurm backup controller in standby",
+    re.IGNORECASE,
+)
+
 
 def expand_hostlist(text: str) -> tuple[str, ...]:
     """Expand a Slurm hostlist such as ``node[1-3,5],spare1`` into its names, in order.
@@ -130,16 +139,17 @@ def reply_errors(text: str) -> list[dict[str, Any]]:
     return [e for e in errors or [] if isinstance(e, dict) and e]
 
 
-def parse_nodes(text: str) -> list[NodeInfo]:
-    """Parse ``sinfo --json`` output into nodes sorted by name (duplicates per partition merged).
+def parse_nodes(text: str, what: str = "sinfo --json") -> list[NodeInfo]:
+    """Parse ``sinfo --json`` output (or slurmrestd's ``GET nodes``, the same shape; ``what``
+    names the source in errors) into nodes sorted by name (duplicates per partition merged).
 
     Raises SlurmError when the text is not the expected JSON.
     """
     seen: dict[str, NodeInfo] = {}
-    for raw in _load(text, "nodes", "sinfo --json"):
+    for raw in _load(text, "nodes", what):
         name = raw.get("name") or raw.get("hostname")
         if not isinstance(name, str):
-            raise SlurmError(f"sinfo --json node without a name: {sorted(raw)[:10]}")
+            raise SlurmError(f"{what} node without a name: {sorted(raw)[:10]}")
         state, flags = split_state(raw.get("state", "UNKNOWN"), raw.get("state_flags"))
         parts = raw.get("partitions") or []
         seen[name] = NodeInfo(
@@ -165,16 +175,17 @@ def _features(value: Any) -> frozenset[str]:
     return frozenset()
 
 
-def parse_jobs(text: str) -> list[JobInfo]:
-    """Parse ``squeue --json`` output into jobs sorted by numeric id.
+def parse_jobs(text: str, what: str = "squeue --json") -> list[JobInfo]:
+    """Parse ``squeue --json`` output (or slurmrestd's ``GET jobs``, the same shape; ``what``
+    names the source in errors) into jobs sorted by numeric id.
 
     Raises SlurmError when the text is not the expected JSON.
     """
     jobs = []
-    for raw in _load(text, "jobs", "squeue --json"):
+    for raw in _load(text, "jobs", what):
         job_id = number(raw.get("job_id"), None)
         if job_id is None:
-            raise SlurmError(f"squeue --json job without a job_id: {sorted(raw)[:10]}")
+            raise SlurmError(f"{what} job without a job_id: {sorted(raw)[:10]}")
         state, flags = split_state(raw.get("job_state", "UNKNOWN"))
         nodes = raw.get("nodes") or ""
         jobs.append(

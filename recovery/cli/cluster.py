@@ -18,6 +18,8 @@ import typer
 from typer.core import TyperCommand
 
 from recovery import wiring
+from recovery.cli.slurm_options import SlurmBackend
+from recovery.ports.slurm import SlurmControl
 from recovery.spares import SparePool
 
 app = typer.Typer(help="Start, inspect and stop a real local Slurm cluster.", no_args_is_help=True)
@@ -43,6 +45,11 @@ def _state_dir(state_dir: Path | None) -> Path:
     return wiring.state_dir(state_dir, os.environ)
 
 
+def _control(slurm_conf: str | None, state_dir: Path | None, backend: str | None) -> SlurmControl:
+    # slurmrestd's address and JWT come from the environment here (RECOVER_SLURMRESTD, ...).
+    return wiring.slurm_control(slurm_conf, state_dir, os.environ, wiring.SlurmAccess(backend))
+
+
 @app.command()
 def up(
     nodes: Annotated[int, typer.Option(help="Compute nodes (node1..nodeN).")] = 4,
@@ -65,13 +72,23 @@ def up(
             "--agents", help="Also start one node agent per node (implies --coordinator)."
         ),
     ] = False,
+    rest: Annotated[
+        bool,
+        typer.Option(
+            "--rest",
+            help="Also accept JWTs and start slurmrestd (JWT on 127.0.0.1, local auth on a "
+            "unix socket); `--slurm-backend rest` then finds it.",
+        ),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Start munge, slurmctld and one slurmd per node; return once all nodes are idle."""
     from slurm.cluster import LocalCluster
 
     d = _state_dir(state_dir)
-    info = LocalCluster(d, slurmd_timeout_s=slurmd_timeout).up(nodes=nodes, spares=spares)
+    cluster = LocalCluster(d, slurmd_timeout_s=slurmd_timeout, jwt=rest)
+    info = cluster.up(nodes=nodes, spares=spares)
+    restd = cluster.start_rest() if rest else None
     endpoint = wiring.start_coordinator(d, info.conf_path) if coordinator or agents else None
     if agents and endpoint is not None:
         wiring.start_agents(d, endpoint, info.nodes + info.spares)
@@ -79,6 +96,8 @@ def up(
         doc = info.to_json()
         if endpoint is not None:
             doc["coordinator"] = {"url": endpoint.url, "state_dir": str(endpoint.state_dir)}
+        if restd is not None:
+            doc["slurmrestd"] = restd.to_json()
         typer.echo(json.dumps(doc, indent=2))
         return
     verb = "started" if info.started else "already running"
@@ -91,6 +110,11 @@ def up(
     if agents and endpoint is not None:
         logs = endpoint.state_dir / "agents"
         typer.echo(f"agents: one per node; simulated kernel logs in {logs}/NODE/kmsg")
+    if restd is not None:
+        typer.echo(
+            f"slurmrestd at {restd.url} (JWT for {restd.user} in {restd.token_file}) and "
+            f"unix:{restd.socket} (local auth, acts as nobody)"
+        )
     typer.echo(f"export SLURM_CONF={shlex.quote(str(info.conf_path))}")
 
 
@@ -134,9 +158,10 @@ def promote(
     ] = None,
     slurm_conf: SlurmConf = None,
     state_dir: StateDir = None,
+    slurm_backend: SlurmBackend = None,
 ) -> None:
     """Bring one spare into service and print its name."""
-    control = wiring.slurm_control(slurm_conf, state_dir, os.environ)
+    control = _control(slurm_conf, state_dir, slurm_backend)
     typer.echo(SparePool(control).promote(node))
 
 
@@ -145,9 +170,10 @@ def retire(
     node: Annotated[str, typer.Argument(help="Node to take back into the spare pool.")],
     slurm_conf: SlurmConf = None,
     state_dir: StateDir = None,
+    slurm_backend: SlurmBackend = None,
 ) -> None:
     """Take a (repaired) node out of service into the spare pool."""
-    changed = SparePool(wiring.slurm_control(slurm_conf, state_dir, os.environ)).retire(node)
+    changed = SparePool(_control(slurm_conf, state_dir, slurm_backend)).retire(node)
     typer.echo(f"{node}: {'retired into the pool' if changed else 'already a spare'}")
 
 
@@ -168,6 +194,7 @@ def sbatch(
     job_name: Annotated[str | None, typer.Option(help="Job name [default: recover-train].")] = None,
     slurm_conf: SlurmConf = None,
     state_dir: StateDir = None,
+    slurm_backend: SlurmBackend = None,
     print_script: Annotated[
         bool, typer.Option(help="Print the batch script instead of submitting it.")
     ] = False,
@@ -183,7 +210,7 @@ def sbatch(
         typer.echo(render_batch_script(with_auto_resume(command), signal_lead_s=signal_lead))
         return
     job_id = submit_training(
-        wiring.slurm_control(slurm_conf, state_dir, os.environ),
+        _control(slurm_conf, state_dir, slurm_backend),
         command,
         sbatch_args=sbatch_args,
         signal_lead_s=signal_lead,

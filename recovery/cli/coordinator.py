@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from recovery.cli.slurm_options import SlurmBackend, SlurmJwtFile, SlurmRestd, SlurmUser
+
 app = typer.Typer(help="Run the coordinator (events in, Slurm actions out).", no_args_is_help=True)
 policy_app = typer.Typer(help="Inspect the fault policy.", no_args_is_help=True)
 
@@ -66,10 +68,14 @@ def serve(
             help="Slinky cluster: drain through the slurm-operator's pod annotation.",
         ),
     ] = False,
+    slurm_backend: SlurmBackend = None,
+    slurmrestd: SlurmRestd = None,
+    slurm_jwt_file: SlurmJwtFile = None,
+    slurm_user: SlurmUser = None,
 ) -> None:
     """Serve the intake API and act on health events until SIGTERM/SIGINT."""
     from recovery.service.main import ServeOptions, run_coordinator
-    from recovery.wiring import KubeOptions
+    from recovery.wiring import KubeOptions, SlurmAccess
 
     kube = None
     if kubeconfig is not None or in_cluster or slinky:
@@ -91,6 +97,7 @@ def serve(
             dry_run=dry_run,
             tick_s=tick,
             kube=kube,
+            slurm_access=SlurmAccess(slurm_backend, slurmrestd, slurm_jwt_file, slurm_user),
         )
     )
 

@@ -3,7 +3,8 @@
 ``SlurmControl`` is named for its use: read node and job state, take nodes out of service with
 a reason that marks the change as ours, put them back (only when the mark is ours), requeue,
 submit and cancel jobs. :class:`slurm.cli_slurm.CliSlurm` implements it with Slurm's command line
-tools; a pyslurm backend can implement the same protocol later without touching callers.
+tools and :class:`slurm.rest_slurm.RestSlurm` over slurmrestd (which, on Slurm 22.05, cannot
+change nodes or requeue: those raise :class:`recovery.errors.SlurmUnsupportedError`).
 """
 
 from __future__ import annotations
@@ -226,8 +227,10 @@ class SlurmControl(Protocol):
     slurmd registering again, a job ending in between); any other refusal is raised.
 
     Failure modes shared by all methods: :class:`recovery.errors.SlurmUnavailableError`
-    (transient: slurmctld unreachable or timed out) and
-    :class:`recovery.errors.SlurmRefusedError` (a verdict: Slurm refused the request).
+    (transient: slurmctld unreachable or timed out),
+    :class:`recovery.errors.SlurmRefusedError` (a verdict: Slurm refused the request) and
+    :class:`recovery.errors.SlurmUnsupportedError` (a verdict: this backend cannot ask it of
+    this Slurm).
     Unknown node names raise :class:`recovery.errors.UsageError` naming the known nodes.
     """
 
@@ -276,9 +279,10 @@ class SlurmControl(Protocol):
         ...
 
     def signal_job(self, job_id: str | int, signal: str) -> bool:
-        """Send ``signal`` (e.g. ``USR1``) to the job's batch step only (``scancel
-        --signal=SIG --batch``), which the sbatch wrapper forwards to training. False (no-op)
-        when the job is not running."""
+        """Send ``signal`` (e.g. ``USR1``) to a running job: the CLI backend reaches the batch
+        shell only (``scancel --signal=SIG --batch``), which the sbatch wrapper forwards to
+        training; slurmrestd signals the whole job. False (no-op) when the job is not
+        running."""
         ...
 
     def requeue(self, job_id: str | int) -> bool:

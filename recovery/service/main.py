@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from recovery.coordinator.engine import Engine, EngineSettings
@@ -37,7 +37,7 @@ from recovery.service.process import (
     write_endpoint,
 )
 from recovery.service.server import free_port, serve
-from recovery.wiring import KubeOptions, node_control, slurm_control
+from recovery.wiring import KubeOptions, SlurmAccess, node_control, slurm_control
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ class ServeOptions:
     """Seconds between reconcile ticks (Slurm is polled once per tick)."""
     kube: KubeOptions | None = None
     """Kubernetes (Slurm on Kubernetes): None for a Slurm-only cluster."""
+    slurm_access: SlurmAccess = field(default_factory=SlurmAccess)
+    """Which Slurm backend, and how it reaches slurmrestd or authenticates (``--slurm-*``)."""
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -79,7 +81,7 @@ def run_coordinator(
     d.mkdir(parents=True, exist_ok=True)
     catalogue = load_catalogue()
     config = load_policy_config(opts.config, catalogue=catalogue)
-    slurm = slurm_control(opts.slurm_conf, None, env)
+    slurm = slurm_control(opts.slurm_conf, None, env, opts.slurm_access)
     tokens_path = d / TOKENS_FILE
     if tokens_path.exists():
         tokens = load_tokens(tokens_path)

@@ -5,6 +5,11 @@ coordinator's real-daemon tests share one cluster. Tests marked ``slurm`` use it
 ``slurm_ctl`` fixture hands each test a cluster whose jobs are cancelled and whose nodes are
 back in their starting state (node1-3 idle, spare1 drained as a spare), so tests do not
 depend on their order.
+
+The contract tests of the SlurmControl port take ``slurm_backend`` instead: the same test
+runs once per backend (``cli``: Slurm's commands; ``rest``: slurmrestd with a JWT for root,
+started on first use for the session cluster, which accepts JWTs). ``slurm_ctl`` stays the
+admin that arranges and resets the cluster around them.
 """
 
 from __future__ import annotations
@@ -16,11 +21,16 @@ from pathlib import Path
 
 import pytest
 
+from recovery.ports.slurm import SlurmControl
 from recovery.spares import SPARE_REASON
-from slurm import procs
+from slurm import procs, restd
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import REQUIRED_PROGRAMS, ClusterInfo, LocalCluster
-from tests.slurm.helpers import SLURMD_TIMEOUT_S, wait_for
+from slurm.rest_slurm import RestSlurm
+from tests.slurm.helpers import SLURMD_TIMEOUT_S, expect_unsupported, wait_for
+
+#: The SlurmControl backends every contract test runs against.
+BACKENDS = ("cli", "rest")
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +47,11 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         )
     if os.geteuid() != 0:
         pytest.skip("Slurm tier skipped: the local cluster must run as root")
+    # JWT on when the plugin is there (CI installs it): the REST backend needs it.
     cluster = LocalCluster(
-        tmp_path_factory.mktemp("slurm-cluster"), slurmd_timeout_s=SLURMD_TIMEOUT_S
+        tmp_path_factory.mktemp("slurm-cluster"),
+        slurmd_timeout_s=SLURMD_TIMEOUT_S,
+        jwt=restd.jwt_plugin_installed() or bool(os.environ.get("CI")),
     )
     cluster.up(nodes=3, spares=1)
     try:
@@ -90,6 +103,43 @@ def slurm_ctl(local_cluster: LocalCluster) -> Iterator[CliSlurm]:
     reset(local_cluster, ctl)
     yield ctl
     reset(local_cluster, ctl)
+
+
+@pytest.fixture(scope="session")
+def rest_endpoint(local_cluster: LocalCluster) -> restd.RestEndpoint:
+    """The session cluster's slurmrestd (started on first use, stopped with the cluster)."""
+    missing = [p for p in ("slurmrestd",) if shutil.which(p) is None]
+    if not restd.jwt_plugin_installed():
+        missing.append("slurm-wlm-jwt-plugin")
+    if missing:
+        why = (
+            f"REST backend tier: {', '.join(missing)} not installed "
+            "(apt-get install -y slurmrestd slurm-wlm-jwt-plugin, or ./scripts/setup.sh)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(why)  # .ci/run installs them: a skip there would hide the tier
+        pytest.skip(why)
+    return local_cluster.start_rest()
+
+
+def rest_backend(endpoint: restd.RestEndpoint) -> RestSlurm:
+    """The REST backend as the contract tests use it: JWT for root over TCP."""
+    return RestSlurm(url=endpoint.url, token_file=endpoint.token_file, user=endpoint.user)
+
+
+@pytest.fixture(params=BACKENDS)
+def slurm_backend(request: pytest.FixtureRequest, slurm_ctl: CliSlurm) -> Iterator[SlurmControl]:
+    """The backend under test (``cli`` or ``rest``) for the session cluster, which
+    ``slurm_ctl`` resets around the test. A test marked ``writes(...)`` that needs a change
+    this backend cannot make must fail with SlurmUnsupportedError (see expect_unsupported)."""
+    if request.param == "cli":
+        ctl: CliSlurm | RestSlurm = slurm_ctl
+    else:
+        ctl = rest_backend(request.getfixturevalue("rest_endpoint"))
+    expect_unsupported(request, ctl)
+    yield ctl
+    if isinstance(ctl, RestSlurm):
+        ctl.close()
 
 
 @pytest.fixture

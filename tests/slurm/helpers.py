@@ -10,8 +10,8 @@ from typing import TypeVar
 
 import pytest
 
-from recovery.ports.slurm import BatchJob, JobInfo, NodeInfo
-from slurm.cli_slurm import CliSlurm
+from recovery.errors import SlurmUnsupportedError
+from recovery.ports.slurm import BatchJob, JobInfo, NodeInfo, SlurmControl
 
 T = TypeVar("T")
 
@@ -43,7 +43,7 @@ def wait_for(
     pytest.fail(f"timed out after {timeout_s:g} s waiting for {what} (last: {last!r})")
 
 
-def submit_loop(ctl: CliSlurm, job_dir: Path) -> str:
+def submit_loop(ctl: SlurmControl, job_dir: Path) -> str:
     """A requeueable stand-in job appending "jobid restarts node i" lines to job_dir/out."""
     return ctl.submit(
         BatchJob(
@@ -60,22 +60,39 @@ def submit_loop(ctl: CliSlurm, job_dir: Path) -> str:
     )
 
 
-def running(ctl: CliSlurm, job_id: str) -> JobInfo | None:
+def running(ctl: SlurmControl, job_id: str) -> JobInfo | None:
     """The job when it is RUNNING on a node, else None (a probe for :func:`wait_for`)."""
     job = ctl.job(job_id)
     return job if job.state == "RUNNING" and job.nodes else None
 
 
-def finished(ctl: CliSlurm, job_id: str) -> JobInfo | None:
+def finished(ctl: SlurmControl, job_id: str) -> JobInfo | None:
     """The job once it reached a terminal state, else None (a probe for :func:`wait_for`)."""
     job = ctl.job(job_id)
     return job if job.finished else None
 
 
-def down_node(ctl: CliSlurm, name: str) -> NodeInfo | None:
+def down_node(ctl: SlurmControl, name: str) -> NodeInfo | None:
     """The node when it is DOWN, else None (a probe for :func:`wait_for`)."""
     node = ctl.node(name)
     return node if node.down else None
+
+
+def expect_unsupported(request: pytest.FixtureRequest, ctl: object) -> None:
+    """For a test marked ``writes("drain", ...)`` (the port methods it needs to change
+    something): when ``ctl`` cannot perform one of them on this Slurm (its ``unsupported``),
+    the test must fail with SlurmUnsupportedError and nothing else (a strict xfail: passing,
+    or failing otherwise, fails it)."""
+    marker = request.node.get_closest_marker("writes")
+    missing = sorted(set(marker.args if marker else ()) & getattr(ctl, "unsupported", set()))
+    if missing:
+        request.applymarker(
+            pytest.mark.xfail(
+                raises=SlurmUnsupportedError,
+                strict=True,
+                reason=f"{type(ctl).__name__} cannot {', '.join(missing)} against this Slurm",
+            )
+        )
 
 
 def output_lines(job_dir: Path, restarts: int) -> list[list[str]]:

@@ -1,16 +1,19 @@
-"""Pure parts of the local cluster's set-up: names, paths, conf text, munge's folders."""
+"""Pure parts of the local cluster's set-up: names, paths, conf text, munge's and slurmrestd's
+folders."""
 
 from __future__ import annotations
 
 import json
 import os
 import pwd
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from recovery.errors import SlurmNotInstalledError, UsageError
 from recovery.ports.slurm import NodeInfo
+from slurm import restd
 from slurm.cluster import (
     ClusterStatus,
     check_installed,
@@ -82,6 +85,20 @@ def test_conf_has_the_settings_recovery_depends_on(tmp_path: Path) -> None:
         "PartitionName=main Nodes=node1,node2,spare1 Default=YES MaxTime=INFINITE State=UP",
     ]:
         assert expected in lines
+    assert not [ln for ln in lines if ln.startswith("AuthAlt")]  # munge only, unless asked
+    jwt = render_slurm_conf(replace(layout, jwt_key=tmp_path / "jwt" / "k")).splitlines()
+    assert "AuthAltTypes=auth/jwt" in jwt
+    assert f"AuthAltParameters=jwt_key={tmp_path}/jwt/k" in jwt
+
+
+def test_slurmrestd_moves_out_of_a_folder_nobody_cannot_reach(tmp_path: Path) -> None:
+    # slurmrestd runs as nobody; pytest's base folder is 0700.
+    paths = restd.choose_home(tmp_path / "state", tmp_root=Path("/tmp"))
+    assert paths.home.parent == Path("/tmp")
+    assert paths.home.name.startswith("recover-rest-")
+    assert len(str(paths.socket)) < 100
+    reachable = restd.choose_home(Path("/usr/share/recover-test-state"))
+    assert reachable.home == Path("/usr/share/recover-test-state/rest")
 
 
 def test_traversable_by_checks_every_folder_on_the_way(tmp_path: Path) -> None:

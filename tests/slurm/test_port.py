@@ -16,7 +16,8 @@ from recovery.ports.slurm import (
     validate_job_id,
     validate_node_name,
 )
-from slurm.cli_slurm import classify_failure, classify_reply_errors, take_out_reason
+from slurm.cli_slurm import classify_failure, classify_reply_errors
+from slurm.control import take_out_reason
 
 DRAIN = frozenset({"DRAIN"})
 NONE: frozenset[str] = frozenset()

@@ -1,20 +1,27 @@
-"""Idempotence under races with Slurm itself, on a scripted CliSlurm (no daemons).
+"""Idempotence under races with Slurm itself, on each backend with scripted reads and requests
+(no daemons).
 
 Between our read and our write Slurm may reach the wanted state by itself (a slurmd registers
 again and ReturnToService brings its node back; a job finishes). An action refused then
-re-reads and returns False; a refusal while the state still differs is raised.
+re-reads and returns False; a refusal while the state still differs is raised. Each test runs
+on both backends (``backend``: cli, rest); what a backend cannot do on Slurm 22.05 must fail
+with SlurmUnsupportedError (``writes`` markers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 
 from recovery.errors import SlurmRefusedError, SlurmUnavailableError
 from recovery.ports.slurm import JobInfo, NodeInfo
 from slurm.cli_slurm import CliSlurm
+from slurm.control import SlurmBase
+from slurm.rest_slurm import RestSlurm
+from tests.slurm.helpers import expect_unsupported
 
 DRAIN = frozenset({"DRAIN"})
 NONE: frozenset[str] = frozenset()
@@ -24,36 +31,87 @@ INVALID_STATE = "slurm_update error: Invalid node state specified"
 
 @dataclass
 class Script:
-    """What the fake Slurm answers: successive ``sinfo``/``squeue`` snapshots (the last one
-    repeats) and one outcome per command run (a stdout text, or the stderr of a refusal)."""
+    """What the fake Slurm answers: successive node and job snapshots (the last one repeats)
+    and one outcome per request sent (a reply text, or the error it raises)."""
 
     nodes: list[list[NodeInfo]] = field(default_factory=list)
     jobs: list[list[JobInfo]] = field(default_factory=list)
     runs: list[str | Exception] = field(default_factory=list)
 
+    def next_nodes(self) -> list[NodeInfo]:
+        return self.nodes.pop(0) if len(self.nodes) > 1 else self.nodes[0]
 
-class ScriptedSlurm(CliSlurm):
-    """CliSlurm whose reads and commands follow a :class:`Script`; records each argv run."""
+    def next_jobs(self) -> list[JobInfo]:
+        return self.jobs.pop(0) if len(self.jobs) > 1 else self.jobs[0]
+
+    def outcome(self) -> str:
+        result = self.runs.pop(0)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
+class ScriptedCli(CliSlurm):
+    """CliSlurm whose reads and commands follow a :class:`Script`; ``writes`` records each
+    argv run."""
 
     def __init__(self, script: Script) -> None:
         super().__init__("/nonexistent/slurm.conf", env={})
         self.script = script
-        self.argvs: list[list[str]] = []
+        self.writes: list[Any] = []
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None) -> str:
-        self.argvs.append(list(argv))
-        outcome = self.script.runs.pop(0)
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+        self.writes.append(list(argv))
+        return self.script.outcome()
 
     def nodes(self) -> list[NodeInfo]:
-        snaps = self.script.nodes
-        return snaps.pop(0) if len(snaps) > 1 else snaps[0]
+        return self.script.next_nodes()
 
     def jobs(self) -> list[JobInfo]:
-        snaps = self.script.jobs
-        return snaps.pop(0) if len(snaps) > 1 else snaps[0]
+        return self.script.next_jobs()
+
+
+class ScriptedRest(RestSlurm):
+    """RestSlurm whose reads and requests follow a :class:`Script`; ``writes`` records each
+    request sent as (method, path, query)."""
+
+    def __init__(self, script: Script) -> None:
+        super().__init__(socket="/nonexistent/slurmrestd.socket", env={})
+        self.script = script
+        self.writes: list[Any] = []
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        accept: Callable[[str], bool] = lambda _: False,
+    ) -> str:
+        self.writes.append((method, path, dict(params or {})))
+        return self.script.outcome()
+
+    def nodes(self) -> list[NodeInfo]:
+        return self.script.next_nodes()
+
+    def jobs(self) -> list[JobInfo]:
+        return self.script.next_jobs()
+
+
+Scripted = ScriptedCli | ScriptedRest
+
+
+@pytest.fixture(params=["cli", "rest"])
+def scripted(request: pytest.FixtureRequest) -> Callable[[Script], Scripted]:
+    """Build the backend under test on a script (applies the ``writes`` marker's rule)."""
+    cls = ScriptedCli if request.param == "cli" else ScriptedRest
+    expect_unsupported(request, cls)  # its class says what it cannot do
+
+    def make(script: Script) -> Scripted:
+        return cls(script)
+
+    return make
 
 
 def refused(stderr: str) -> SlurmRefusedError:
@@ -80,11 +138,16 @@ NODE_RACES = [
 ]
 
 
+@pytest.mark.writes("resume", "down", "drain")
 @pytest.mark.parametrize(("action", "before", "after", "raises"), NODE_RACES)
 def test_a_refused_node_action_rereads(
-    action: str, before: NodeInfo, after: NodeInfo, raises: bool
+    scripted: Callable[[Script], Scripted],
+    action: str,
+    before: NodeInfo,
+    after: NodeInfo,
+    raises: bool,
 ) -> None:
-    ctl = ScriptedSlurm(Script(nodes=[[before], [after]], runs=[refused(INVALID_STATE)]))
+    ctl = scripted(Script(nodes=[[before], [after]], runs=[refused(INVALID_STATE)]))
     calls = {
         "resume": lambda: ctl.resume("n1"),
         "force": lambda: ctl.resume("n1", force=True),
@@ -96,11 +159,14 @@ def test_a_refused_node_action_rereads(
             calls[action]()
     else:
         assert calls[action]() is False
-    assert len(ctl.argvs) == 1  # never retried blindly
+    assert len(ctl.writes) == 1  # never retried blindly
 
 
-def test_a_transient_failure_is_raised_without_a_second_look() -> None:
-    ctl = ScriptedSlurm(
+@pytest.mark.writes("resume")
+def test_a_transient_failure_is_raised_without_a_second_look(
+    scripted: Callable[[Script], Scripted],
+) -> None:
+    ctl = scripted(
         Script(nodes=[[node("DOWN", NONE, OURS)]], runs=[SlurmUnavailableError("timed out")])
     )
     with pytest.raises(SlurmUnavailableError):
@@ -113,22 +179,28 @@ def two(first: NodeInfo, second: NodeInfo) -> list[NodeInfo]:
 
 def test_down_many_writes_once_for_all_nodes_that_need_it() -> None:
     before = [*two(node("IDLE"), node("DOWN", NONE, OURS)), NodeInfo("n3", "IDLE")]
-    ctl = ScriptedSlurm(Script(nodes=[before], runs=[""]))
+    ctl = ScriptedCli(Script(nodes=[before], runs=[""]))
     assert ctl.down_many(["n3", "n1", "n2", "n1"], "xid79") == ["n1", "n3"]
-    assert ctl.argvs == [["scontrol", "update", "NodeName=n1,n3", "State=DOWN", f"Reason={OURS}"]]
+    assert ctl.writes == [["scontrol", "update", "NodeName=n1,n3", "State=DOWN", f"Reason={OURS}"]]
 
 
-def test_down_many_refused_because_it_already_holds_changes_nothing() -> None:
+@pytest.mark.writes("down_many")
+def test_down_many_refused_because_it_already_holds_changes_nothing(
+    scripted: Callable[[Script], Scripted],
+) -> None:
     before = two(node("IDLE"), node("IDLE"))
     after = two(node("DOWN", NONE, OURS), node("DOWN", NONE, OURS))
-    ctl = ScriptedSlurm(Script(nodes=[before, after], runs=[refused(INVALID_STATE)]))
+    ctl = scripted(Script(nodes=[before, after], runs=[refused(INVALID_STATE)]))
     assert ctl.down_many(["n1", "n2"], "xid79") == []
 
 
-def test_drain_many_refused_while_a_node_still_differs_is_raised() -> None:
+@pytest.mark.writes("drain_many")
+def test_drain_many_refused_while_a_node_still_differs_is_raised(
+    scripted: Callable[[Script], Scripted],
+) -> None:
     before = two(node("IDLE"), node("IDLE"))
     after = two(node("IDLE", DRAIN, OURS), node("IDLE"))
-    ctl = ScriptedSlurm(Script(nodes=[before, after], runs=[refused(INVALID_STATE)]))
+    ctl = scripted(Script(nodes=[before, after], runs=[refused(INVALID_STATE)]))
     with pytest.raises(SlurmRefusedError):
         ctl.drain_many(["n1", "n2"], "xid79")
 
@@ -137,10 +209,11 @@ def job(state: str) -> list[JobInfo]:
     return [JobInfo("7", "train", state, ("n1",))]
 
 
+REQUEUES = pytest.mark.writes("requeue")
 # (action, job before, job after the refusal (None: forgotten), whether it is raised)
-JOB_RACES: list[tuple[str, str, str | None, bool]] = [
-    ("requeue", "RUNNING", "PENDING", False),
-    ("requeue", "RUNNING", "RUNNING", True),
+JOB_RACES: list[Any] = [
+    pytest.param("requeue", "RUNNING", "PENDING", False, marks=REQUEUES),
+    pytest.param("requeue", "RUNNING", "RUNNING", True, marks=REQUEUES),
     ("cancel", "RUNNING", "CANCELLED", False),
     ("cancel", "RUNNING", "COMPLETED", False),
     ("cancel", "RUNNING", None, False),
@@ -153,10 +226,14 @@ JOB_RACES: list[tuple[str, str, str | None, bool]] = [
 
 @pytest.mark.parametrize(("action", "before", "after", "raises"), JOB_RACES)
 def test_a_refused_job_action_rereads(
-    action: str, before: str, after: str | None, raises: bool
+    scripted: Callable[[Script], Scripted],
+    action: str,
+    before: str,
+    after: str | None,
+    raises: bool,
 ) -> None:
     later = [] if after is None else job(after)
-    ctl = ScriptedSlurm(Script(jobs=[job(before), later], runs=[refused("Some refusal")]))
+    ctl = scripted(Script(jobs=[job(before), later], runs=[refused("Some refusal")]))
     calls = {
         "requeue": lambda: ctl.requeue("7"),
         "cancel": lambda: ctl.cancel("7"),
@@ -167,25 +244,45 @@ def test_a_refused_job_action_rereads(
             calls[action]()
     else:
         assert calls[action]() is False
-    assert len(ctl.argvs) == 1
+    assert len(ctl.writes) == 1
 
 
-def test_requeue_answered_job_is_pending_execution_already_holds() -> None:
+@REQUEUES
+def test_requeue_answered_job_is_pending_execution_already_holds(
+    scripted: Callable[[Script], Scripted],
+) -> None:
     # Right after a requeue the job is still COMPLETING on its old node.
-    ctl = ScriptedSlurm(
+    ctl = scripted(
         Script(jobs=[job("RUNNING"), job("COMPLETING")], runs=[refused("Job is pending execution")])
     )
     assert ctl.requeue("7") is False
 
 
 @pytest.mark.parametrize("state", ["PENDING", "COMPLETED", "CANCELLED"])
-def test_signal_to_a_job_that_is_not_running_sends_nothing(state: str) -> None:
-    ctl = ScriptedSlurm(Script(jobs=[job(state)]))
+def test_signal_to_a_job_that_is_not_running_sends_nothing(
+    scripted: Callable[[Script], Scripted], state: str
+) -> None:
+    ctl = scripted(Script(jobs=[job(state)]))
     assert ctl.signal_job("7", "USR1") is False
-    assert ctl.argvs == []
+    assert ctl.writes == []
 
 
-def test_signal_reaches_the_batch_step_only() -> None:
-    ctl = ScriptedSlurm(Script(jobs=[job("RUNNING")], runs=[""]))
+def test_requeue_of_a_pending_job_sends_nothing(scripted: Callable[[Script], Scripted]) -> None:
+    # A no-op, so it holds even where the backend could not requeue at all.
+    ctl = scripted(Script(jobs=[job("PENDING")]))
+    assert ctl.requeue("7") is False
+    assert ctl.writes == []
+
+
+#: The one request a signal is, per backend: the CLI reaches the batch shell only (the sbatch
+#: wrapper forwards it); slurmrestd 22.05 signals the whole job (KILL_FULL_JOB).
+SIGNAL_REQUEST: dict[type[SlurmBase], Any] = {
+    ScriptedCli: [["scancel", "--signal=USR1", "--batch", "7"]],
+    ScriptedRest: [("DELETE", "/job/7", {"signal": "USR1"})],
+}
+
+
+def test_signal_is_one_request(scripted: Callable[[Script], Scripted]) -> None:
+    ctl = scripted(Script(jobs=[job("RUNNING")], runs=[""]))
     assert ctl.signal_job("7", "USR1") is True
-    assert ctl.argvs == [["scancel", "--signal=USR1", "--batch", "7"]]
+    assert ctl.writes == SIGNAL_REQUEST[type(ctl)]

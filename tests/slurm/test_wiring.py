@@ -16,6 +16,8 @@ from recovery import wiring
 from recovery.cli import main
 from recovery.errors import UsageError
 from slurm.cli_slurm import CliSlurm
+from slurm.rest_slurm import RestSlurm
+from slurm.restd import RestEndpoint, save_endpoint
 from tests.slurm.helpers import wait_for
 
 
@@ -117,3 +119,68 @@ def test_promote_retire_status_and_sbatch_reach_the_cluster_named_by_slurm_conf(
     assert main([*sbatch, "--", "sleep", "30"]) == 0
     job_id = capsys.readouterr().out.strip()
     assert slurm_ctl.job(job_id).state in ("PENDING", "RUNNING")
+
+
+# --- which backend ---------------------------------------------------------------------------
+
+
+def test_an_unknown_backend_names_the_valid_ones(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"Unknown Slurm backend 'grpc'\. Known: cli, rest"):
+        wiring.slurm_control(None, tmp_path, {}, wiring.SlurmAccess(backend="grpc"))
+    with pytest.raises(UsageError, match=r"Unknown Slurm backend 'REST'"):
+        wiring.slurm_control(None, tmp_path, {"RECOVER_SLURM_BACKEND": "REST"})
+
+
+def test_the_cli_backend_sends_a_jwt_when_given_one(tmp_path: Path) -> None:
+    env = {"SLURM_CONF": "/env/slurm.conf", "RECOVER_SLURM_JWT_FILE": "/run/secrets/jwt"}
+    ctl = wiring.slurm_control(None, tmp_path, env)
+    assert isinstance(ctl, CliSlurm)
+    assert ctl.jwt_file == Path("/run/secrets/jwt")
+    plain = wiring.slurm_control(None, tmp_path, {"SLURM_CONF": "/c"})
+    assert isinstance(plain, CliSlurm)
+    assert plain.jwt_file is None
+
+
+def test_rest_needs_to_know_where_slurmrestd_is(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"No slurmrestd configured: pass --slurmrestd"):
+        wiring.slurm_control(None, tmp_path, {"RECOVER_SLURM_BACKEND": "rest"})
+    with pytest.raises(UsageError, match="authenticates by JWT"):
+        wiring.slurm_control(None, tmp_path, {}, wiring.SlurmAccess("rest", "http://h:6820"))
+    with pytest.raises(UsageError, match="expected http"):
+        wiring.slurm_control(None, tmp_path, {}, wiring.SlurmAccess("rest", "h:6820", "/t", "u"))
+    with pytest.raises(UsageError, match="a Slurm JWT and its user go together"):
+        wiring.slurm_control(None, tmp_path, {}, wiring.SlurmAccess("rest", "http://h:1", "/t"))
+
+
+def test_rest_options_come_from_flags_then_the_environment(tmp_path: Path) -> None:
+    env = {
+        "RECOVER_SLURM_BACKEND": "rest",
+        "RECOVER_SLURMRESTD": "http://slurmrestd:6820",
+        "RECOVER_SLURM_JWT_FILE": "/run/secrets/jwt",
+        "RECOVER_SLURM_USER": "slurm",
+    }
+    ctl = wiring.slurm_control(None, tmp_path, env)
+    assert isinstance(ctl, RestSlurm)
+    assert (ctl.where, ctl.token_file, ctl.user) == (
+        "http://slurmrestd:6820", Path("/run/secrets/jwt"), "slurm")  # fmt: skip
+    local = wiring.slurm_control(None, tmp_path, env, wiring.SlurmAccess(restd="unix:/run/r.sock"))
+    assert isinstance(local, RestSlurm)
+    assert local.where == "unix:/run/r.sock"
+    bare = wiring.slurm_control(None, tmp_path, {}, wiring.SlurmAccess("rest", "unix:/run/r.sock"))
+    assert isinstance(bare, RestSlurm)
+    assert bare.token_file is None  # rest_auth/local: acts as slurmrestd's own user
+
+
+def test_rest_falls_back_to_the_local_clusters_slurmrestd(tmp_path: Path) -> None:
+    save_endpoint(tmp_path, RestEndpoint(tmp_path / "s.sock", "http://127.0.0.1:4", tmp_path / "t"))
+    ctl = wiring.slurm_control(None, tmp_path, {"RECOVER_SLURM_BACKEND": "rest"})
+    assert isinstance(ctl, RestSlurm)
+    assert (ctl.where, ctl.token_file, ctl.user) == ("http://127.0.0.1:4", tmp_path / "t", "root")
+
+
+def test_the_coordinator_refuses_an_unknown_backend_before_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["coordinator", "serve", "--state-dir", str(tmp_path), "--slurm-backend", "grpc"]
+    assert main([*argv, "--slurm-conf", "/nonexistent.conf"]) == 2
+    assert "Unknown Slurm backend 'grpc'. Known: cli, rest" in capsys.readouterr().err

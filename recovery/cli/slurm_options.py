@@ -1,0 +1,40 @@
+"""The ``--slurm-*`` options shared by the commands that talk to Slurm (see
+:class:`recovery.wiring.SlurmAccess`; an option left out falls back to its environment
+variable, then to the default)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+SlurmBackend = Annotated[
+    str | None,
+    typer.Option(
+        "--slurm-backend",
+        help="How to reach Slurm: cli (Slurm's commands) or rest (slurmrestd) "
+        "[default: $RECOVER_SLURM_BACKEND, else cli].",
+    ),
+]
+SlurmRestd = Annotated[
+    str | None,
+    typer.Option(
+        "--slurmrestd",
+        help="slurmrestd as http(s)://HOST:PORT or unix:PATH [default: $RECOVER_SLURMRESTD, "
+        "else the local cluster's].",
+    ),
+]
+SlurmJwtFile = Annotated[
+    str | None,
+    typer.Option(
+        "--slurm-jwt-file",
+        help="File with a JWT from `scontrol token` (rest: sent to slurmrestd; cli: as "
+        "SLURM_JWT, no munge needed) [default: $RECOVER_SLURM_JWT_FILE].",
+    ),
+]
+SlurmUser = Annotated[
+    str | None,
+    typer.Option(
+        "--slurm-user", help="The user the JWT was made for [default: $RECOVER_SLURM_USER]."
+    ),
+]

@@ -1,0 +1,270 @@
+"""``SlurmBase``: what every :class:`recovery.ports.slurm.SlurmControl` backend does the same way.
+
+Validation, idempotence, ownership and the races with Slurm itself live here, once; a backend
+(``slurm.cli_slurm`` over the command line tools, ``slurm.rest_slurm`` over slurmrestd) supplies
+only the reads and the raw requests. Each raw request raises SlurmRefusedError when Slurm says
+no and SlurmUnavailableError when it cannot be reached; the decisions around it (is there
+anything to do, did Slurm get there first) are made here from fresh reads, so both backends
+give the same answers to the same contract tests.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from recovery.errors import ReasonNotOursError, SlurmRefusedError, UsageError, unknown_choice
+from recovery.ports.slurm import (
+    BatchJob,
+    JobInfo,
+    NodeInfo,
+    mark,
+    validate_job_id,
+    validate_node_name,
+)
+
+# slurmctld's answer to a requeue of a job whose requeue is under way (it is COMPLETING on its
+# old node): the requeue we asked for already holds.
+_ALREADY_REQUEUED = re.compile(r"Job is pending execution", re.IGNORECASE)
+_SIGNAL_RE = re.compile(r"[A-Z0-9]{2,8}")
+
+
+def take_out_reason(info: NodeInfo, state: str, text: str) -> str | None:
+    """The reason to write when taking ``info`` out with ``state`` (DOWN or DRAIN) and our
+    marked reason ``text``; None when there is nothing to do. Pure.
+
+    A node held by someone else (:attr:`NodeInfo.held_by_other`) keeps their reason: DOWN
+    already, or asked to DRAIN, is a no-op; drained by them and asked DOWN, it goes DOWN with
+    their reason, so our resume (which only undoes our marks) never puts it back. A node
+    already in ``state`` with ``text`` is a no-op; anything else (in service, ours with
+    another reason, or out with Slurm's own mark, :func:`is_slurms_own`) gets ``text``.
+    """
+    if info.held_by_other:
+        return None if info.down or state == "DRAIN" else info.reason
+    held = info.down if state == "DOWN" else info.drained
+    return None if held and info.reason == text else text
+
+
+class SlurmBase(ABC):
+    """The SlurmControl contract (see the Protocol) over a backend's reads and raw requests.
+
+    Subclasses implement :meth:`nodes`, :meth:`jobs`, :meth:`submit` and the ``_request_*``
+    methods; a raw request is sent only once the state read just before says it is needed,
+    and a refused one is judged by a second read (never retried blindly).
+    """
+
+    #: Port methods this backend cannot perform against its Slurm: they raise
+    #: SlurmUnsupportedError whenever they would change something (a no-op still answers).
+    unsupported: frozenset[str] = frozenset()
+
+    # --- what a backend supplies -----------------------------------------------------------
+
+    @abstractmethod
+    def nodes(self) -> list[NodeInfo]:
+        """All nodes, sorted by name."""
+
+    @abstractmethod
+    def jobs(self) -> list[JobInfo]:
+        """All jobs slurmctld remembers (pending, running, finished within MinJobAge)."""
+
+    @abstractmethod
+    def submit(self, job: BatchJob) -> str:
+        """Submit a batch job; returns its job id."""
+
+    @abstractmethod
+    def _request_update(self, nodes: Sequence[str], state: str, reason: str) -> None:
+        """Set every node in ``nodes`` to ``state`` (DOWN or DRAIN) with ``reason``, in one
+        request."""
+
+    @abstractmethod
+    def _request_resume(self, node: str) -> None:
+        """Return ``node`` to service."""
+
+    @abstractmethod
+    def _request_signal(self, job_id: str, signal: str) -> None:
+        """Send ``signal`` (a name such as USR1) to a running job."""
+
+    @abstractmethod
+    def _request_requeue(self, job_id: str) -> None:
+        """Requeue a job."""
+
+    @abstractmethod
+    def _request_cancel(self, job_id: str) -> None:
+        """Cancel a job."""
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def node(self, name: str) -> NodeInfo:
+        """One node; UsageError naming the known nodes when it does not exist."""
+        validate_node_name(name)
+        nodes = self.nodes()
+        for n in nodes:
+            if n.name == name:
+                return n
+        raise unknown_choice("node", name, [n.name for n in nodes])
+
+    def job(self, job_id: str | int) -> JobInfo:
+        """One job; UsageError when slurmctld does not know it."""
+        jid = validate_job_id(job_id)
+        for j in self.jobs():
+            if j.job_id == jid:
+                return j
+        raise UsageError(f"Unknown job {jid}: slurmctld does not know it (finished long ago?)")
+
+    def jobs_on(self, node: str) -> list[JobInfo]:
+        """Running or completing jobs that use ``node``."""
+        self.node(node)
+        return [
+            j
+            for j in self.jobs()
+            if node in j.nodes and j.state in ("RUNNING", "COMPLETING", "SUSPENDED")
+        ]
+
+    # --- nodes ------------------------------------------------------------------------------
+
+    def down(self, node: str, reason: str) -> bool:
+        """Set ``node`` DOWN with our reason (``recover:`` is prepended when missing); Slurm
+        requeues the requeueable jobs on it and ends the others.
+
+        Returns False (no-op) when it already is DOWN with that reason, or DOWN for someone
+        else's reason (which is kept). A node drained by someone else is set DOWN keeping
+        their reason, so that our resume never puts it back.
+        """
+        return self._take_out(node, "DOWN", reason)
+
+    def drain(self, node: str, reason: str) -> bool:
+        """Set ``node`` DRAIN with our reason; running jobs keep running, no new ones start.
+        A DOWN node becomes DOWN+DRAIN.
+
+        Returns False (no-op) when it already is drained with that reason, or out of
+        service for someone else's reason (which is kept).
+        """
+        return self._take_out(node, "DRAIN", reason)
+
+    def _take_out(self, node: str, state: str, reason: str) -> bool:
+        text = mark(reason)
+        why = take_out_reason(self.node(node), state, text)
+        if why is None:
+            return False
+        try:
+            self._request_update([node], state, why)
+        except SlurmRefusedError:
+            # Refused because Slurm got there first (the state we wanted already holds)?
+            if take_out_reason(self.node(node), state, text) is None:
+                return False
+            raise
+        return True
+
+    def resume(self, node: str, *, force: bool = False) -> bool:
+        """Return ``node`` to service if the mark on it is ours (or ``force``).
+
+        False (no-op) when it is already in service, also when it returned by itself between
+        our read and our write (slurmd registering again). Raises ReasonNotOursError naming
+        the current reason and who set it when the mark is not ours; an empty reason is not
+        ours either (we did not take the node out, so we do not put it back).
+        """
+        info = self.node(node)
+        if not info.out_of_service:
+            return False
+        if not info.reason_is_ours and not force:
+            raise ReasonNotOursError(node, info.reason, info.reason_set_by)
+        try:
+            self._request_resume(node)
+        except SlurmRefusedError:
+            # "Invalid node state specified": the node is no longer DOWN or DRAIN.
+            if not self.node(node).out_of_service:
+                return False
+            raise
+        return True
+
+    def down_many(self, nodes: Sequence[str], reason: str) -> list[str]:
+        """:meth:`down` for several nodes in one request per reason written; returns the nodes
+        that changed, sorted."""
+        return self._take_out_many(nodes, "DOWN", reason)
+
+    def drain_many(self, nodes: Sequence[str], reason: str) -> list[str]:
+        """:meth:`drain` for several nodes in one request per reason written; returns those
+        changed, sorted."""
+        return self._take_out_many(nodes, "DRAIN", reason)
+
+    def _take_out_many(self, nodes: Sequence[str], state: str, reason: str) -> list[str]:
+        text = mark(reason)
+        for n in nodes:
+            validate_node_name(n)
+        known = {n.name: n for n in self.nodes()}
+        unknown = [n for n in nodes if n not in known]
+        if unknown:
+            raise unknown_choice("node", unknown[0], known)
+        todo: dict[str, list[str]] = {}  # reason to write -> nodes
+        for name in sorted(set(nodes)):
+            why = take_out_reason(known[name], state, text)
+            if why is not None:
+                todo.setdefault(why, []).append(name)
+        changed: list[str] = []
+        for why, names in todo.items():
+            try:
+                self._request_update(names, state, why)
+            except SlurmRefusedError:
+                now = {n.name: n for n in self.nodes()}
+                if any(take_out_reason(now[n], state, text) is not None for n in names):
+                    raise
+                continue  # every node of the group already holds: none changed by us
+            changed += names
+        return sorted(changed)
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    def signal_job(self, job_id: str | int, signal: str) -> bool:
+        """Send ``signal`` to a running job (which part of it receives the signal depends on
+        the backend: see its ``_request_signal``). False (no-op) when the job is not running,
+        also when it ended between our read and the signal."""
+        jid = validate_job_id(job_id)
+        if not _SIGNAL_RE.fullmatch(signal):
+            raise UsageError(f"Invalid signal {signal!r}: expected a name such as USR1 or TERM")
+        if not self._job_state_is(jid, {"RUNNING"}):
+            return False
+        try:
+            self._request_signal(jid, signal)
+        except SlurmRefusedError:
+            if not self._job_state_is(jid, {"RUNNING"}):
+                return False
+            raise
+        return True
+
+    def requeue(self, job_id: str | int) -> bool:
+        """Requeue a job (it goes back to PENDING, restart count + 1). False (no-op) when it is
+        already pending or being requeued."""
+        jid = validate_job_id(job_id)
+        if self.job(jid).state == "PENDING":
+            return False
+        try:
+            self._request_requeue(jid)
+        except SlurmRefusedError as e:
+            if _ALREADY_REQUEUED.search(str(e)) or self.job(jid).state == "PENDING":
+                return False
+            raise
+        return True
+
+    def cancel(self, job_id: str | int) -> bool:
+        """Cancel a job. False (no-op) when it had already finished or slurmctld forgot it,
+        also when it finished between our read and the cancel."""
+        jid = validate_job_id(job_id)
+        if not self._job_state_is(jid, None):
+            return False
+        try:
+            self._request_cancel(jid)
+        except SlurmRefusedError:
+            if not self._job_state_is(jid, None):
+                return False
+            raise
+        return True
+
+    def _job_state_is(self, jid: str, states: frozenset[str] | set[str] | None) -> bool:
+        """Whether slurmctld knows job ``jid`` in one of ``states`` (None: any state that is
+        not finished). A job it forgot is in none."""
+        try:
+            info = self.job(jid)
+        except UsageError:
+            return False
+        return not info.finished if states is None else info.state in states
