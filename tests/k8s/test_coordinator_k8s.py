@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from recovery import proc
 from recovery.ports.nodes import CONDITION_TYPE, PROMOTED_LABEL, TAINT_KEY
 from recovery.ports.owners import SLINKY_POD_CORDON
@@ -181,9 +182,10 @@ def test_in_a_slinky_cluster_the_operator_is_asked_to_drain(
 
     def cordoned() -> bool:
         got = pod_json(kube_api, ns, pod)
-        return got is not None and got["metadata"].get("annotations", {}).get(
-            SLINKY_POD_CORDON
-        ) == "true"
+        return (
+            got is not None
+            and got["metadata"].get("annotations", {}).get(SLINKY_POD_CORDON) == "true"
+        )
 
     wait_for(cordoned, 20, f"{pod} annotated for the slurm-operator")
     assert slurm_ctl.node("node2").in_service  # we did not call Slurm for the node
