@@ -21,9 +21,9 @@ def test_either_a_kubeconfig_or_in_cluster() -> None:
 
 def test_unknown_choices_name_the_valid_ones(tmp_path: Path) -> None:
     kc = tmp_path / "kubeconfig"
-    with pytest.raises(UsageError, match="Unknown taint effect 'NoWay'. Known: NoExecute, NoSchedule"):
+    with pytest.raises(UsageError, match=r"taint effect 'NoWay'\. Known: NoExecute, NoSchedule"):
         node_control(KubeOptions(kubeconfig=kc, taint_effect="NoWay"))
-    with pytest.raises(UsageError, match="Unknown pod removal 'drop'. Known: delete, evict"):
+    with pytest.raises(UsageError, match=r"Unknown pod removal 'drop'\. Known: delete, evict"):
         node_control(KubeOptions(kubeconfig=kc, pod_removal="drop"))
     with pytest.raises(UsageError, match="cannot configure the Kubernetes client from"):
         node_control(KubeOptions(kubeconfig=kc))  # no such file
