@@ -19,7 +19,7 @@ import pytest
 from recovery import proc
 from recovery.ports.nodes import CONDITION_TYPE, PROMOTED_LABEL, TAINT_KEY
 from recovery.ports.owners import SLINKY_POD_CORDON
-from recovery.ports.slurm import JobInfo
+from recovery.ports.slurm import BatchJob, JobInfo
 from recovery.service import process
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
@@ -162,6 +162,58 @@ def test_a_node_kubernetes_reports_notready_is_taken_out(
     assert stored["event"]["id"].startswith("k8s-node3-ready-false-")
     wait_for(lambda: _marked(kube_api, "node3"), 20, "node3 marked in Kubernetes")
     wait_for(lambda: slurm_ctl.node("spare1").in_service, 30, "spare1 in service")
+
+
+STUBBORN = """#!/bin/bash
+# A job that keeps its node busy: it ignores the USR1 that asks it to save.
+trap 'echo "USR1 ignored"' USR1
+for i in $(seq 1 1200); do sleep 0.25; done
+"""
+
+
+def test_the_slurmd_pod_stays_while_the_node_drains_and_goes_once_drained(
+    kube_coordinator: Coordinator, slurm_ctl: CliSlurm, kube_api: KubeApi,
+    kube_slurm_nodes: KubeNodes, job_dir: Path,
+) -> None:  # fmt: skip
+    c = kube_coordinator
+    ns = kube_slurm_nodes.namespace
+    job_id = slurm_ctl.submit(
+        BatchJob(
+            script=STUBBORN,
+            options={"requeue": None, "output": str(job_dir / "out")},
+            workdir=str(job_dir),
+        )
+    )
+    (node,) = wait_for(lambda: running(slurm_ctl, job_id), 30, "the job running").nodes
+    pod = kube_slurm_nodes.pods[node]
+    c.send(node, "xid95")  # drain-reset: the job is asked to save first; this one will not
+    wait_for(lambda: _marked(kube_api, node), 20, f"{node} marked in Kubernetes")
+    info = slurm_ctl.node(node)
+    assert info.drained
+    assert info.state in ("ALLOCATED", "MIXED")  # DRAINING: the job still runs there
+    inc = c.incident_on(node)
+    assert inc is not None
+    marked_at = min(p["at"]["wall"] for p in inc["phases"] if p["name"] == "k8s-marked")
+    # Two looks at Slurm after the marking: the step that took the first one has finished its
+    # reconcile (steps run one after another), so it has seen the node DRAINING and decided.
+    looks: set[float] = set()
+
+    def two_looks() -> bool:
+        seen = c.client.get("/v1/status")["seen_at"]
+        if seen is not None and seen > marked_at:
+            looks.add(seen)
+        return len(looks) >= 2
+
+    wait_for(two_looks, 20, "two looks at Slurm after the marking")
+    assert slurm_ctl.node(node).state in ("ALLOCATED", "MIXED")
+    left = pod_json(kube_api, ns, pod)
+    assert left is not None
+    assert not left["metadata"].get("deletionTimestamp")  # not while DRAINING
+    slurm_ctl.cancel(job_id)  # the job leaves: the node is DRAINED
+    wait_for(lambda: gone_or_terminating(kube_api, ns, pod), 30, f"{pod} deleted once drained")
+    inc = c.incident_on(node)
+    assert inc is not None
+    assert _at(inc, "k8s-marked") < _at(inc, "slurmd-pod-deleted")
 
 
 @pytest.fixture
