@@ -162,6 +162,20 @@ def test_a_node_kubernetes_reports_notready_is_taken_out(
     assert stored["event"]["id"].startswith("k8s-node3-ready-false-")
     wait_for(lambda: _marked(kube_api, "node3"), 20, "node3 marked in Kubernetes")
     wait_for(lambda: slurm_ctl.node("spare1").in_service, 30, "spare1 in service")
+    # Repaired: back into the pool in Slurm, our marks off in Kubernetes, labelled a spare.
+    kube_api.set_node_ready("node3", "True")
+    done = c.cli("node", "repaired", "node3")
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: slurm_ctl.node("node3").reason == "recover: spare", 30, "node3 a spare")
+
+    def cleared() -> dict[str, Any] | None:
+        obj = node_json(kube_api, "node3")
+        return None if obj["spec"].get("unschedulable") else obj
+
+    obj = wait_for(cleared, 20, "node3's marks cleared")
+    assert not [t for t in taints(obj) if t["key"] == TAINT_KEY]
+    assert condition(obj, CONDITION_TYPE) is None
+    assert obj["metadata"]["labels"].get("recover.io/spare") == "true"
 
 
 STUBBORN = """#!/bin/bash
