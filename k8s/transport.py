@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from k8s.errors import classify
-from recovery.errors import UsageError
+from recovery.errors import KubeRefusedError, UsageError
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -120,7 +120,10 @@ class Transport:
             data = resp.read()
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise classify(e, what) from e
-        parsed = json.loads(data) if data else {}
+        try:
+            parsed = json.loads(data) if data else {}
+        except ValueError as e:  # a proxy's error page, a truncated body
+            raise KubeRefusedError(f"{what}: the answer is not JSON: {data[:200]!r}") from e
         return dict(parsed) if isinstance(parsed, Mapping) else {"items": parsed}
 
     def lines(self, path: str, *, what: str, query: Query, read_timeout_s: float) -> Iterator[str]:

@@ -82,6 +82,8 @@ def run_coordinator(
     catalogue = load_catalogue()
     config = load_policy_config(opts.config, catalogue=catalogue)
     slurm = slurm_control(opts.slurm_conf, None, env, opts.slurm_access)
+    # Built before Slurm is first asked anything: a bad Kubernetes setting fails at once.
+    nodes = node_control(opts.kube) if opts.kube is not None else None
     tokens_path = d / TOKENS_FILE
     if tokens_path.exists():
         tokens = load_tokens(tokens_path)
@@ -91,7 +93,6 @@ def run_coordinator(
     clock = SystemClock()
     journal = SqliteJournal(d / JOURNAL_FILE, clock)
     dry_run = opts.dry_run or config.dry_run
-    nodes = node_control(opts.kube) if opts.kube is not None else None
     engine = Engine(
         journal=journal,
         slurm=slurm,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
-from recovery.errors import KubeNotFoundError, KubeUnavailableError
+from recovery.errors import KubeForbiddenError, KubeNotFoundError, KubeUnavailableError
 from recovery.ports.nodes import KubeNode, OurCondition, condition_reason
 
 
@@ -32,8 +32,6 @@ class FakeNodes:
             self.unavailable -= 1
             raise KubeUnavailableError("fake API server unreachable")
         if op in self.forbidden:
-            from recovery.errors import KubeForbiddenError
-
             raise KubeForbiddenError(f"{op}: forbidden (403)")
 
     def _get(self, name: str) -> KubeNode:
