@@ -22,6 +22,7 @@ from tests.plugins.kube_api import (
     KubeNodes,
     create_or_keep,
 )
+from tests.slurm.helpers import wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -108,7 +109,17 @@ def test_rbac_is_on_for_service_account_tokens(kube_api: KubeApi, kube_nodes: Ku
                              "namespace": "rbac-test"}]}  # fmt: skip
     create_or_keep(admin_rbac.create_namespaced_role, "rbac-test", role)
     create_or_keep(admin_rbac.create_namespaced_role_binding, "rbac-test", binding)
-    assert kube_api.raw(core.list_namespaced_pod("rbac-test"))["items"] == []
+
+    def granted() -> list[Any] | None:
+        # A new Role reaches the authorizer through its watch, a moment after the create.
+        try:
+            return [kube_api.raw(core.list_namespaced_pod("rbac-test"))["items"]]
+        except ApiException as e:
+            if e.status != 403:
+                raise
+            return None
+
+    assert wait_for(granted, 30, "the pod-reader Role in effect") == [[]]
     with pytest.raises(ApiException) as other_ns:
         core.list_namespaced_pod(NAMESPACE)
     assert other_ns.value.status == 403
