@@ -122,6 +122,12 @@ def test_coordinator_is_one_replica_on_a_persistent_journal(docs: list[dict[str,
     tokens = mounts[f"{state_dir}/tokens"]
     secret = volumes[tokens["name"]]["secret"]["secretName"]
     assert one(docs, "Secret", secret)["data"]["tokens"]
+    # No munge in a pod: Slurm is reached with a JWT from a Secret, at the path the env names.
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    jwt_dir = str(env["RECOVER_SLURM_JWT_FILE"]).rsplit("/", 1)[0]
+    jwt = volumes[mounts[jwt_dir]["name"]]["secret"]["secretName"]
+    assert one(docs, "Secret", jwt)["data"]["token"]
+    assert env["RECOVER_SLURM_BACKEND"] in ("cli", "rest")
     # The Service reaches it on the port it listens on, and is the URL the agents use.
     svc = one(docs, "Service", "recover-coordinator")
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
