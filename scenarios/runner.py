@@ -187,6 +187,10 @@ class _Mark:
     at: float | None
     """Monotonic seconds; None before the first step (``after_s`` waits for it)."""
     incidents: int
+    """Incidents known when the previous entry was done."""
+    at_fault: int
+    """Incidents known when the latest fault was injected (``incidents: closed`` waits for
+    one opened after it)."""
     started: int
 
 
@@ -194,7 +198,7 @@ def _drive(
     s: Scenario, rig: Rig, watch: Watcher, rec: rundir.RunRecord, deadline: float, say: Say
 ) -> list[OperatorAnswer]:
     answers: list[OperatorAnswer] = []
-    mark = _Mark(None, 0, 0)
+    mark = _Mark(None, 0, 0, 0)
     fault_node: str | None = None
     for i, entry in enumerate(s.faults, 1):
         when, since = entry.when, mark
@@ -213,7 +217,9 @@ def _drive(
             answers.append(OperatorAnswer(f"{entry.operator} {done.node or ''}".strip(),
                                           entry.expect, done.answer, done.detail))  # fmt: skip
         watch.poll(force=True)
-        mark = _Mark(time.monotonic(), len(watch.incidents), watch.count("started"))
+        known = len(watch.incidents)
+        at_fault = known if entry.fault is not None else mark.at_fault
+        mark = _Mark(time.monotonic(), known, at_fault, watch.count("started"))
     _wait(watch, deadline, "the job to end", lambda: watch.job is not None and watch.job.finished)
     settle = min(deadline, time.monotonic() + SETTLE_S)
     try:
@@ -241,9 +247,10 @@ def _fired(when: When, watch: Watcher, mark: _Mark) -> bool:
     if value == "opened":
         return len(incidents) > mark.incidents
     if value == "acted":
-        return bool(incidents) and bool(ACTED & {p["name"] for p in incidents[-1]["phases"]})
+        fresh = incidents[mark.incidents :]
+        return any(ACTED & {p["name"] for p in i["phases"]} for i in fresh)
     if value == "closed":
-        return bool(incidents) and _all_closed(watch)
+        return len(incidents) > mark.at_fault and _all_closed(watch)
     return any(p["name"] == "held" for i in incidents for p in i["phases"])
 
 

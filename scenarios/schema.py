@@ -75,8 +75,9 @@ Top level
     seconds after the previous entry; the first entry counts from the job's first step),
     ``job: requeued`` (the job is back in the queue and its training process has exited) or
     ``job: restarted`` (training started again), ``incidents: opened|acted|closed|held`` (an
-    incident opened since the previous entry; the newest took its first Slurm action; all
-    are closed; one is held by the breaker). ``delay_s`` waits that much longer.
+    incident opened since the previous entry; one of those took its first Slurm action; one
+    opened after the latest fault and all are closed; one is held by the breaker).
+    ``delay_s`` waits that much longer.
 
 ``expect`` - checked at the end; a failed one names itself and by how much
     ``completes`` (default true): the job completed; ``digest_matches_control`` (default
