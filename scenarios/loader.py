@@ -74,7 +74,7 @@ def load_text(text: str, source: str, *, default_name: str) -> Scenario:
     problems = semantic_problems(scenario)
     if problems:
         raise ScenarioFileError(
-            "\n".join(f"{source}:{_line(loc, lines)}: {_dotted(loc)}: {m}" for loc, m in problems)
+            "\n".join(f"{source}:{_line(loc, lines)}: {dotted(loc)}: {m}" for loc, m in problems)
         )
     return scenario
 
@@ -168,7 +168,8 @@ def _line(loc: Loc, lines: dict[Loc, int]) -> int:
     return 1
 
 
-def _dotted(loc: Sequence[str | int]) -> str:
+def dotted(loc: Sequence[str | int]) -> str:
+    """``("faults", 1, "via")`` -> ``faults[1].via``."""
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -180,7 +181,7 @@ def _render(error: ValidationError, source: str, lines: dict[Loc, int]) -> str:
     for item in error.errors(include_url=False):
         # pydantic marks a bad mapping key with a "[key]" element after the key itself.
         loc: Loc = tuple(p for p in item["loc"] if p != "[key]")
-        out.append(f"{source}:{_line(loc, lines)}: {_dotted(loc)}: {_message(item, loc)}")
+        out.append(f"{source}:{_line(loc, lines)}: {dotted(loc)}: {_message(item, loc)}")
     return "\n".join(out)
 
 

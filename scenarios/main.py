@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -140,6 +141,9 @@ def _run(
     def say(line: str) -> None:
         print(line, file=stream, flush=True)
 
+    # SIGTERM ends the run like Ctrl-C does: through the runner's clean-up, which stops the
+    # local cluster it started (the default action would leave every daemon running).
+    signal.signal(signal.SIGTERM, _exit_on_term)
     opts = RunOptions(
         out=out or default_out(loaded.scenario.name),
         cache=cache or state_base(env) / "control-runs",
@@ -149,6 +153,10 @@ def _run(
         env=dict(env),
     )
     return run(loaded, opts)
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _fallback_table(result: RunResult) -> str:

@@ -19,16 +19,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from recovery.errors import RecoverError
+from recovery.errors import RecoverError, UsageError
 from recovery.spares import is_spare
 from scenarios import rundir
 from scenarios.actions import carry_out
 from scenarios.control import Background, compile_cache
 from scenarios.expect import Check, OperatorAnswer, Outcome, check, progress
-from scenarios.loader import Loaded
+from scenarios.loader import Loaded, dotted, semantic_problems
 from scenarios.reporting import ReportSummary, write_report
 from scenarios.rig import Rig, attach, bring_up
-from scenarios.schema import ExistingCluster, Scenario, When
+from scenarios.schema import ClusterSpec, ExistingCluster, Scenario, When
 from scenarios.watch import ACTED, Watcher
 from slurm.sbatch import submit_training
 
@@ -97,41 +97,76 @@ def run(loaded: Loaded, opts: RunOptions) -> RunResult:
     def say(msg: str) -> None:
         opts.say(f"[{time.time() - t0:6.1f}s] {msg}")
 
+    existing = opts.existing or s.cluster.existing
+    if opts.existing is not None:
+        _check_existing(s, opts.existing)
     out = opts.out.absolute()
+    if out.exists() and any(out.iterdir()):
+        # A journal, a cluster state and checkpoints from an earlier run would all be reused.
+        raise UsageError(f"{out} exists and is not empty; choose another --out or remove it")
     out.mkdir(parents=True, exist_ok=True)
     (out / "scenario.yaml").write_text(loaded.text)
     j = s.job
     rec = rundir.RunRecord(s.name, t0, j.steps, j.save_every, j.model, out / "job")
     say(f"scenario {s.name}: {s.description}")
     control = Background(j, opts.cache) if s.expect.digest_matches_control else None
-    existing = opts.existing or s.cluster.existing
     rig = attach(existing, opts.env, say) if existing else bring_up(s.cluster, out / "cluster", say)
     rec.nodes, rec.spares = list(rig.nodes), list(rig.spares)
-    answers: list[OperatorAnswer] = []
-    incidents: list[dict[str, Any]] = []
-    node_states: dict[str, str] = {}
-    error: str | None = None
-    job_state = "not submitted"
     try:
-        watch = _submit(s, rig, rec, opts.cache, say)
-        try:
-            answers = _drive(s, rig, watch, rec, deadline, say)
-        except RecoverError as e:
-            error = str(e)
-            rec.notes.append(f"stopped early: {error}")
-            say(f"stopped: {error}")
-        incidents = _incidents(rig, watch, rec)
-        node_states = _node_states(rig, [*(s.expect.out_of_service or []),
-                                          *(s.expect.in_service or [])])  # fmt: skip
-        job_state = watch.job.state if watch.job else "unknown"
-        if watch.job is not None and not watch.job.finished:
-            rig.slurm.cancel(watch.job.job_id)
-            rec.notes.append(f"job {watch.job.job_id} cancelled at the end ({job_state})")
+        seen = _observe(s, rig, rec, opts.cache, deadline, say)
     finally:
         stopped = rig.down()
         if stopped:
             say(f"stopped {len(stopped)} process(es) of the local cluster")
-    completed = watch.last("completed")
+    return _conclude(s, out, rec, seen, control, opts.enforce_budgets, t0)
+
+
+@dataclass
+class _Observed:
+    """What the run did, read before the cluster goes down."""
+
+    watch: Watcher
+    answers: list[OperatorAnswer]
+    incidents: list[dict[str, Any]]
+    node_states: dict[str, str]
+    job_state: str
+    error: str | None
+
+
+def _observe(
+    s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, deadline: float, say: Say
+) -> _Observed:
+    """Submit the job, carry out the entries, wait for the end; then read the incidents and
+    the nodes the expectations name, and cancel the job if it still runs."""
+    watch = _submit(s, rig, rec, cache, say)
+    answers: list[OperatorAnswer] = []
+    error: str | None = None
+    try:
+        answers = _drive(s, rig, watch, rec, deadline, say)
+    except RecoverError as e:
+        error = str(e)
+        rec.notes.append(f"stopped early: {error}")
+        say(f"stopped: {error}")
+    incidents = _incidents(rig, watch, rec)
+    named = [*(s.expect.out_of_service or []), *(s.expect.in_service or [])]
+    job_state = watch.job.state if watch.job else "unknown"
+    if watch.job is not None and not watch.job.finished:
+        rig.slurm.cancel(watch.job.job_id)
+        rec.notes.append(f"job {watch.job.job_id} cancelled at the end ({job_state})")
+    return _Observed(watch, answers, incidents, _node_states(rig, named), job_state, error)
+
+
+def _conclude(
+    s: Scenario,
+    out: Path,
+    rec: rundir.RunRecord,
+    seen: _Observed,
+    control: Background | None,
+    enforce_budgets: bool,
+    t0: float,
+) -> RunResult:
+    """Write the run directory, have the report written, check the expectations."""
+    completed = seen.watch.last("completed")
     rec.final_digest = str(completed["state_digest"]) if completed else None
     if control is not None:
         try:
@@ -139,26 +174,34 @@ def run(loaded: Loaded, opts: RunOptions) -> RunResult:
         except RecoverError as e:
             rec.notes.append(f"control run: {e}")
     rec.finished = time.time()
-    rec.job_nodes = list(watch.first_nodes)
-    rundir.write(out, rec, incidents)
-    report = _report(out, rec, incidents)
+    rec.job_nodes = list(seen.watch.first_nodes)
+    rundir.write(out, rec, seen.incidents)
+    report = _report(out, rec, seen.incidents)
     outcome = Outcome(
-        job_state=job_state,
+        job_state=seen.job_state,
         final_digest=rec.final_digest,
         control_digest=rec.control_digest,
-        progress=progress(watch.events),
-        incidents=incidents,
-        node_states=node_states,
-        operator=answers,
+        progress=progress(seen.watch.events),
+        incidents=seen.incidents,
+        node_states=seen.node_states,
+        operator=seen.answers,
         report=report,
-        error=error,
+        error=seen.error,
     )
-    result = RunResult(
-        s.name, out, check(s.expect, outcome, enforce_budgets=opts.enforce_budgets), report,
-        time.time() - t0,
-    )  # fmt: skip
+    checks = check(s.expect, outcome, enforce_budgets=enforce_budgets)
+    result = RunResult(s.name, out, checks, report, time.time() - t0)
     rundir.write_result(out, result.to_json())
     return result
+
+
+def _check_existing(s: Scenario, existing: ExistingCluster) -> None:
+    """Refuse, before anything starts, a scenario that needs the local cluster."""
+    moved = s.model_copy(update={"cluster": ClusterSpec(existing=existing)})
+    problems = [f"{dotted(loc)}: {m}" for loc, m in semantic_problems(moved)]
+    if problems:
+        raise UsageError(
+            f"scenario {s.name} cannot run on an existing cluster: " + "; ".join(problems)
+        )
 
 
 def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say) -> Watcher:
@@ -187,10 +230,10 @@ class _Mark:
     at: float | None
     """Monotonic seconds; None before the first step (``after_s`` waits for it)."""
     incidents: int
-    """Incidents known when the previous entry was done."""
+    """Incidents known just before the previous entry was carried out."""
     at_fault: int
-    """Incidents known when the latest fault was injected (``incidents: closed`` waits for
-    one opened after it)."""
+    """Incidents known just before the latest fault was injected (``incidents: closed``
+    waits for one opened after it)."""
     started: int
 
 
@@ -208,6 +251,9 @@ def _drive(
         if when.delay_s:
             until = time.monotonic() + when.delay_s
             _wait(watch, deadline, f"{when.delay_s:g} s more", partial(_past, until))
+        # Counted before acting: an incident may open within milliseconds of the fault.
+        watch.poll(force=True)
+        before = len(watch.incidents)
         done = carry_out(entry, rig, watch, fault_node, say)
         rec.faults += done.faults
         rec.notes += done.notes
@@ -216,10 +262,8 @@ def _drive(
         if done.answer is not None:
             answers.append(OperatorAnswer(f"{entry.operator} {done.node or ''}".strip(),
                                           entry.expect, done.answer, done.detail))  # fmt: skip
-        watch.poll(force=True)
-        known = len(watch.incidents)
-        at_fault = known if entry.fault is not None else mark.at_fault
-        mark = _Mark(time.monotonic(), known, at_fault, watch.count("started"))
+        at_fault = before if entry.fault is not None else mark.at_fault
+        mark = _Mark(time.monotonic(), before, at_fault, watch.count("started"))
     _wait(watch, deadline, "the job to end", lambda: watch.job is not None and watch.job.finished)
     settle = min(deadline, time.monotonic() + SETTLE_S)
     try:
