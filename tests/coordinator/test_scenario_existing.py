@@ -4,6 +4,9 @@ agent per node the test started. The runner only talks to them, and stops none o
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,3 +66,45 @@ def test_a_scenario_that_needs_the_local_cluster_is_refused_before_anything_star
     assert coordinator.incidents() == []
     assert local_cluster.control().jobs() == jobs_before
     assert not (tmp_path / "run").exists()
+
+
+IGNORED = """\
+description: an XID the catalogue ignores, expected to open an incident (so it fails)
+job: {steps: 6, save_every: 3, step_sleep: 0.2}
+faults:
+  - fault: xid43
+    node: node1
+    when: {step: 2}
+expect:
+  digest_matches_control: false
+  incidents: 1
+"""
+
+
+def test_a_failed_expectation_exits_10_saying_which_and_by_how_much(
+    local_cluster: LocalCluster,
+    coordinator: Coordinator,
+    agents: dict[str, int],
+    control_cache: Path,
+    tmp_path: Path,
+) -> None:
+    existing = _existing(local_cluster, coordinator)
+    assert existing.slurm_conf is not None
+    assert existing.coordinator is not None
+    assert existing.token_file is not None
+    path = tmp_path / "ignored.yaml"
+    path.write_text(IGNORED)
+    done = subprocess.run(
+        [sys.executable, "-m", "recovery", "scenario", "run", str(path), "--out",
+         str(tmp_path / "run"), "--cache", str(control_cache), "--slurm-conf",
+         existing.slurm_conf, "--coordinator", existing.coordinator, "--token-file",
+         existing.token_file],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 10, done.stdout + done.stderr
+    assert "FAIL incidents: 0 incident(s) opened, expected 1 (-1)" in done.stdout
+    assert "ok   completes: the job ended COMPLETED" in done.stdout
+    assert done.stderr.strip().endswith(
+        "recover: scenario ignored failed: incidents (0 incident(s) opened, expected 1 (-1))"
+    )
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["passed"] is False

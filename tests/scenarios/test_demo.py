@@ -22,7 +22,7 @@ def test_recover_demo_ends_with_the_cost_of_the_failure(
     require_local_slurm()
     out = tmp_path / "demo"
     done = subprocess.run(
-        [sys.executable, "-m", "recovery", "demo", "--steps", "22", "--out", str(out),
+        [sys.executable, "-m", "recovery", "demo", "--steps", "30", "--out", str(out),
          "--cache", str(control_cache)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip

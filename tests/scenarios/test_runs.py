@@ -3,27 +3,29 @@ node), the coordinator, one agent per node and a JAX training job, each started 
 and stopped afterwards. The default tier runs a few (``recover demo`` covers xid79); the full
 matrix is marked ``slow``.
 
-Phase budgets are reported, not enforced (``enforce_budgets=False``): no timed assertions.
+Each runs as a user runs it: ``recover scenario run NAME --json``. Phase budgets are reported,
+not enforced (``--no-budgets``): no timed assertions.
 Everything else a scenario expects is checked, and the run directory's format with it.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from recovery.service import agents_proc, process
-from scenarios import render
 from scenarios.loader import find, shipped
-from scenarios.runner import RunOptions, run
 from slurm import procs
 from tests.slurm.helpers import require_local_slurm
 
 pytestmark = pytest.mark.slurm
 
+RECOVER = [sys.executable, "-m", "recovery"]
 #: Run in the default tier (besides `recover demo`, which is the xid79 scenario).
 DEFAULT_TIER = ("xid48-xid63", "checkpoint-corrupt")
 RUN_KEYS = {"format", "scenario", "started", "finished", "cluster", "job", "faults",
@@ -42,12 +44,17 @@ def _matrix() -> list[Any]:
 def test_shipped_scenario_passes(name: str, control_cache: Path, tmp_path: Path) -> None:
     require_local_slurm()
     out = tmp_path / "run"
-    lines: list[str] = []
-    result = run(find(name), RunOptions(out=out, cache=control_cache, say=lines.append,
-                                        enforce_budgets=False))  # fmt: skip
-    shown = "\n".join(lines) + "\n" + render.result_text(result)
-    assert result.passed, shown
-    assert [c for c in result.checks if c.ok is None and not c.name.startswith("phases.")] == []
+    done = subprocess.run(
+        [*RECOVER, "scenario", "run", name, "--out", str(out), "--cache", str(control_cache),
+         "--json", "--no-budgets"],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    result = json.loads(done.stdout)
+    assert (result["scenario"], result["passed"], result["out"]) == (name, True, str(out))
+    unchecked = [c for c in result["checks"] if c["ok"] is None]
+    assert all(c["name"].startswith("phases.") for c in unchecked), unchecked
+    assert "injected" in done.stderr or "SIGKILLed" in done.stderr  # progress went to stderr
     _check_run_dir(out, name)
     _check_nothing_left(out / "cluster")
 
