@@ -177,7 +177,7 @@ def _damage_checkpoint(entry: Entry, run_dir: Path, say: Say) -> Done:
         os.truncate(target, size // 2)
         what = f"truncated {target.name} from {size} to {size // 2} bytes"
     say(f"checkpoint step {step}: {what}")
-    record = {"fault": entry.fault, "node": None, "via": "file", "at": at, "step": step}
+    record = {"fault": entry.fault, "node": "", "via": "file", "at": at, "step": step}
     return Done(faults=[record], notes=[f"{entry.fault}: step {step}, {what}"])
 
 
@@ -186,7 +186,7 @@ def _kill_coordinator(entry: Entry, rig: Rig, say: Say) -> Done:
     at = time.time()
     pid = local.kill_coordinator()
     say(f"coordinator {pid} SIGKILLed")
-    done = Done(faults=[{"fault": "coordinator-kill", "node": None, "via": "sigkill", "at": at}])
+    done = Done(faults=[{"fault": "coordinator-kill", "node": "", "via": "sigkill", "at": at}])
     if entry.restart is not False:
         # The same address, so agents (and this runner) find it again without being told.
         listen = rig.client.url.removeprefix("http://")

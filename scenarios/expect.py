@@ -83,6 +83,8 @@ class Outcome:
     ``spare`` (back in the pool) or ``out`` (out of service, not in the pool)."""
     operator: Sequence[OperatorAnswer] = ()
     report: ReportSummary | None = None
+    report_error: str | None = None
+    """Why the report could not be written, if it could not."""
     error: str | None = None
     """Why the run stopped before its end, if it did."""
 
@@ -96,6 +98,8 @@ def check(expect: Expectations, out: Outcome, *, enforce_budgets: bool = True) -
 
     if out.error:
         add("run", False, out.error)
+    if out.report_error:
+        add("report", False, f"the report could not be written: {out.report_error}")
     if expect.completes:
         add("completes", out.job_state == "COMPLETED", f"the job ended {out.job_state}")
     if expect.digest_matches_control:
@@ -169,7 +173,7 @@ def _budgets(expect: Expectations, report: ReportSummary | None, *, enforce: boo
     for phase, budget in (expect.phases or {}).items():
         name = f"phases.{phase}"
         if report is None:
-            out.append(Check(name, None, "not checked: recovery.report is not installed"))
+            out.append(Check(name, None, "not checked: no report (see the notes in run.json)"))
             continue
         measured = [(i.id, i.phases.get(phase)) for i in report.incidents]
         values = [(inc, v) for inc, v in measured if v is not None]

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from recovery.errors import UsageError
 from scenarios import loader, render
-from scenarios.expect import progress
 from scenarios.loader import Loaded
 from scenarios.runner import EXPECTATION_FAILED, RunOptions, RunResult, run
 from scenarios.schema import ExistingCluster
@@ -92,8 +91,9 @@ def demo_command(
     cache: Path | None,
     env: Mapping[str, str] = os.environ,
 ) -> int:
-    """``recover demo``: the xid79 scenario on a 4-node + 1-spare local cluster, then the cost
-    table (lost progress against replacement time, each phase) and the timeline's path.
+    """``recover demo``: the xid79 scenario on a 4-node + 1-spare local cluster, then the
+    report's table (each phase, lost progress against replacement time, goodput) ending with
+    the timeline's path.
 
     ``steps`` shortens (or lengthens) the training; it must leave the fault inside the run.
     """
@@ -106,12 +106,10 @@ def demo_command(
     print()
     print(render.result_text(result))
     print()
-    if result.report is not None and result.report.incidents:
-        print(render.cost_table(result.report))
+    if result.report is not None:
+        print(result.report.table)
     else:
-        print(_fallback_table(result))
-    if result.report is not None and result.report.timeline is not None:
-        print(f"timeline: {result.report.timeline}")
+        print("no report: see the notes in run.json")
     return 0 if result.passed else EXPECTATION_FAILED
 
 
@@ -157,21 +155,3 @@ def _run(
 
 def _exit_on_term(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
-
-
-def _fallback_table(result: RunResult) -> str:
-    """Without ``recovery.report``: the journal's phases after the fault, and lost steps."""
-    run_doc = json.loads((result.out / "run.json").read_text())
-    incidents = json.loads((result.out / "incidents.json").read_text())
-    faults = run_doc.get("faults") or []
-    fault_at = faults[0]["at"] if faults else None
-    path = result.out / "events.jsonl"
-    text = path.read_text() if path.exists() else ""
-    events = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
-    lost = progress(events)
-    return (
-        "(recovery.report is not installed: the journal's phases instead of the report)\n"
-        + render.journal_timeline(incidents, fault_at)
-        + f"\nlost progress: {lost.steps_recomputed} step(s) recomputed; "
-        f"{lost.fallbacks} damaged checkpoint(s) skipped"
-    )

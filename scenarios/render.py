@@ -1,14 +1,11 @@
-"""Text for people: a run's result, the list of shipped scenarios, and the demo's cost table."""
+"""Text for people: a run's result and the list of shipped scenarios."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from scenarios.loader import Loaded
-from scenarios.reporting import ReportSummary
 from scenarios.runner import RunResult
-from scenarios.schema import PHASES
 
 _MARK = {True: "ok  ", False: "FAIL", None: "--  "}
 
@@ -39,40 +36,3 @@ def list_text(scenarios: Sequence[Loaded]) -> str:
     lines = [f"{'NAME':<{width}}  DESCRIPTION"]
     lines += [f"{x.scenario.name:<{width}}  {x.scenario.description}" for x in scenarios]
     return "\n".join(lines)
-
-
-def cost_table(report: ReportSummary) -> str:
-    """Per incident: every phase in seconds, then lost progress beside replacement time."""
-    out = []
-    for inc in report.incidents:
-        out.append(f"incident {inc.id} on {inc.node} ({inc.fault})")
-        out.append(f"  {'phase':<14}{'seconds':>9}")
-        for name in PHASES:
-            value = inc.phases.get(name)
-            shown = "-" if value is None else f"{value:.1f}"
-            out.append(f"  {name:<14}{shown:>9}")
-        lost = "?" if inc.steps_recomputed is None else str(inc.steps_recomputed)
-        recompute = inc.phases.get("recompute")
-        replacement = inc.phases.get("replacement")
-        out.append(
-            f"  lost progress: {lost} step(s) recomputed"
-            + (f" ({recompute:.1f} s)" if recompute is not None else "")
-            + (f", restored step {inc.restored_step}" if inc.restored_step is not None else "")
-            + (f"; replacement: {replacement:.1f} s" if replacement is not None else "")
-        )
-    if report.goodput is not None:
-        out.append(f"goodput: {report.goodput:.1%} of the run's wall time was productive training")
-    return "\n".join(out)
-
-
-def journal_timeline(incidents: Sequence[Mapping[str, Any]], fault_at: float | None) -> str:
-    """Each incident's journal phases as seconds after the fault (what ``recover demo``
-    shows when the report module is not installed)."""
-    out = []
-    for inc in incidents:
-        out.append(f"incident {inc['id']} on {inc['node']} ({inc['fault']} -> {inc['verdict']})")
-        phases = sorted(inc.get("phases", []), key=lambda p: p["at"]["wall"])
-        base = fault_at if fault_at is not None else (phases[0]["at"]["wall"] if phases else 0.0)
-        for p in phases:
-            out.append(f"  +{p['at']['wall'] - base:7.1f} s  {p['name']}")
-    return "\n".join(out)

@@ -1,20 +1,22 @@
-"""The one place the runner calls the incident report (``recovery.report.write_report``), and
-the little it reads back from it: each incident's phases and lost progress, the run's goodput.
+"""The one place the runner calls the incident report (:func:`recovery.reportgen.write_report`),
+and the little it keeps of it: each incident's phases and lost progress, the run's goodput,
+the table ``recover report`` prints, and where the files are.
 
 The report reads the run directory the runner wrote (``run.json``, ``incidents.json``,
-``events.jsonl``) and writes ``report.json``, ``report.md`` and ``timeline.png`` there. When
-``recovery.report`` is not installed the run still passes or fails on everything else, and the
-phase budgets say they were not checked.
+``events.jsonl``) and writes ``report.json``, ``report.md`` and ``timeline.png`` there.
+matplotlib is imported only when a report is written.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from scenarios.schema import PHASES
+
+if TYPE_CHECKING:
+    from recovery.report import Report
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class IncidentCost:
     phases: dict[str, float | None]
     steps_recomputed: int | None
     restored_step: int | None
-    fallbacks: int | None
+    fallbacks: int
 
 
 @dataclass(frozen=True)
@@ -36,59 +38,45 @@ class ReportSummary:
 
     incidents: tuple[IncidentCost, ...]
     goodput: float | None
+    table: str
+    """What ``recover report DIR`` prints: phases per incident, goodput and badput."""
     timeline: Path | None
     markdown: Path | None
 
 
-def write_report(run_dir: Path) -> ReportSummary | None:
-    """Have ``recovery.report`` write its report into ``run_dir``; None when that module is
-    not installed. Errors of the report itself propagate."""
-    try:
-        module = importlib.import_module("recovery.report")
-    except ModuleNotFoundError as e:
-        if e.name in ("recovery.report", "recovery"):
-            return None
-        raise
-    report = module.write_report(run_dir)
-    return summarize(report, run_dir)
+def write_report(run_dir: Path) -> ReportSummary:
+    """Have the report written into ``run_dir`` and summarize it.
+
+    Raises RunDirError when the run directory is malformed (a bug of the runner), OSError
+    when it cannot be written.
+    """
+    from recovery.report.table import render_table
+    from recovery.reportgen import REPORT_MD, TIMELINE_PNG
+    from recovery.reportgen import write_report as write
+
+    report = write(run_dir)
+    png, md = run_dir / TIMELINE_PNG, run_dir / REPORT_MD
+    return summarize(report, render_table(report, str(png)), png, md)
 
 
-def summarize(report: Any, run_dir: Path) -> ReportSummary:
-    """The parts of a ``recovery.report.Report`` the runner reads (duck-typed: the report is
-    another module's, and only these attributes are relied on)."""
-    incidents = []
-    for inc in getattr(report, "incidents", ()):
-        phases = dict(getattr(inc, "phases", {}) or {})
-        incidents.append(
-            IncidentCost(
-                id=str(getattr(inc, "id", "") or getattr(inc, "incident", "")),
-                node=str(getattr(inc, "node", "")),
-                fault=str(getattr(inc, "fault", "")),
-                phases={k: _seconds(phases.get(k)) for k in PHASES},
-                steps_recomputed=_int(getattr(inc, "steps_recomputed", None)),
-                restored_step=_int(getattr(inc, "restored_step", None)),
-                fallbacks=_int(_count(getattr(inc, "fallbacks", None))),
-            )
+def summarize(report: Report, table: str, png: Path, md: Path) -> ReportSummary:
+    """The parts of ``report`` the runner checks and shows."""
+    incidents = tuple(
+        IncidentCost(
+            id=inc.id,
+            node=inc.node,
+            fault=inc.fault,
+            phases={k: inc.phases.get(k) for k in PHASES},
+            steps_recomputed=inc.steps_recomputed,
+            restored_step=inc.restored_step,
+            fallbacks=len(inc.fallbacks),
         )
-    png = run_dir / "timeline.png"
-    md = run_dir / "report.md"
-    goodput = getattr(report, "goodput", None)
+        for inc in report.incidents
+    )
     return ReportSummary(
-        incidents=tuple(incidents),
-        goodput=float(goodput) if isinstance(goodput, int | float) else None,
+        incidents=incidents,
+        goodput=report.goodput.goodput,
+        table=table,
         timeline=png if png.exists() else None,
         markdown=md if md.exists() else None,
     )
-
-
-def _seconds(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _int(value: object) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _count(value: object) -> object:
-    """Fallbacks may come as a number or as a list of what was skipped."""
-    return len(value) if isinstance(value, list | tuple) else value

@@ -7,8 +7,10 @@ builds it, so a scenario exercises the same start-up as an operator's test clust
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from recovery.spares import is_ready_spare
 from scenarios.schema import ClusterSpec, ExistingCluster
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
+from slurm.clusterinfo import SOCKET_PATH_MAX, longest_socket, node_names
 
 Log = Callable[[str], None]
 
@@ -94,6 +97,24 @@ class Rig:
     def down(self) -> list[str]:
         """Stop what the runner started (nothing for an existing cluster)."""
         return self.local.down() if self.local is not None else []
+
+
+def cluster_root(out: Path, spec: ClusterSpec) -> Path:
+    """Where the local cluster's state goes: ``out/cluster``, unless slurmstepd's sockets
+    would be too long there (a deep run directory), then a short folder in the temp dir that
+    the runner moves into ``out/cluster`` once the cluster is down."""
+    names, spares = node_names(spec.nodes, spec.spares)
+    preferred = out / "cluster"
+    if len(str(longest_socket(preferred / "slurm", names + spares))) <= SOCKET_PATH_MAX:
+        return preferred
+    digest = hashlib.sha256(str(out).encode()).hexdigest()[:12]
+    short = Path(tempfile.gettempdir()) / f"recover-scenario-{digest}"
+    if short.exists():
+        raise UsageError(
+            f"{short} is left from an earlier run into {out} that did not finish; stop what "
+            f"runs there (`recover cluster down --state-dir {short / 'slurm'}`) and remove it"
+        )
+    return short
 
 
 def bring_up(spec: ClusterSpec, root: Path, log: Log) -> Rig:

@@ -2,8 +2,9 @@
 
 * ``run.json`` - format 1: ``scenario``, ``started``/``finished`` (wall seconds), ``cluster``
   (``nodes`` in service at start, ``spares``), ``job`` (``id``, ``nodes``, ``steps``,
-  ``save_every``, ``model``, ``run_dir``), ``faults`` (``fault``, ``node``, ``via``, ``at``:
-  wall seconds when injected; more keys where they apply: ``gpu``, ``event_id``, ``step``),
+  ``save_every``, ``model``, ``run_dir``), ``faults`` (``fault``, ``node``: ``""`` for a
+  checkpoint damaged or the coordinator killed, ``via``, ``at``: wall seconds when injected;
+  more keys where they apply: ``gpu``, ``event_id``, ``step``),
   ``control_digest``, ``final_digest`` (hex or null) and free-text ``notes``;
 * ``incidents.json`` - the journal's incidents as ``GET /v1/incidents/{id}`` returns them;
 * ``events.jsonl`` - a copy of the training job's events;

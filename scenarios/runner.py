@@ -11,6 +11,7 @@ writes its directory, with the reason in ``notes`` and as a failed check.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -27,7 +28,7 @@ from scenarios.control import Background, compile_cache
 from scenarios.expect import Check, OperatorAnswer, Outcome, check, progress
 from scenarios.loader import Loaded, dotted, semantic_problems
 from scenarios.reporting import ReportSummary, write_report
-from scenarios.rig import Rig, attach, bring_up
+from scenarios.rig import Rig, attach, bring_up, cluster_root
 from scenarios.schema import ClusterSpec, ExistingCluster, Scenario, When
 from scenarios.watch import ACTED, Watcher
 from slurm.sbatch import submit_training
@@ -66,6 +67,8 @@ class RunResult:
     checks: list[Check]
     report: ReportSummary | None
     elapsed_s: float
+    cluster_root: Path | None = None
+    """Where the local cluster ran (its processes carry this path); None: an existing one."""
 
     @property
     def passed(self) -> bool:
@@ -83,6 +86,7 @@ class RunResult:
             "elapsed_s": round(self.elapsed_s, 1),
             "checks": [c.to_json() for c in self.checks],
             "timeline": str(self.report.timeline) if self.report and self.report.timeline else None,
+            "cluster_root": str(self.cluster_root) if self.cluster_root else None,
         }
 
 
@@ -110,15 +114,30 @@ def run(loaded: Loaded, opts: RunOptions) -> RunResult:
     rec = rundir.RunRecord(s.name, t0, j.steps, j.save_every, j.model, out / "job")
     say(f"scenario {s.name}: {s.description}")
     control = Background(j, opts.cache) if s.expect.digest_matches_control else None
-    rig = attach(existing, opts.env, say) if existing else bring_up(s.cluster, out / "cluster", say)
+    if existing is not None:
+        rig, root = attach(existing, opts.env, say), None
+    else:
+        root = cluster_root(out, s.cluster)
+        rig = bring_up(s.cluster, root, say)
     rec.nodes, rec.spares = list(rig.nodes), list(rig.spares)
     try:
         seen = _observe(s, rig, rec, opts.cache, deadline, say)
     finally:
-        stopped = rig.down()
-        if stopped:
-            say(f"stopped {len(stopped)} process(es) of the local cluster")
-    return _conclude(s, out, rec, seen, control, opts.enforce_budgets, t0)
+        _stop(rig, root, out, rec, say)
+    result = _conclude(s, out, rec, seen, control, opts.enforce_budgets, t0)
+    result.cluster_root = root
+    return result
+
+
+def _stop(rig: Rig, root: Path | None, out: Path, rec: rundir.RunRecord, say: Say) -> None:
+    """Stop what the runner started; bring a cluster that ran elsewhere into ``out``."""
+    stopped = rig.down()
+    if stopped:
+        say(f"stopped {len(stopped)} process(es) of the local cluster")
+    if root is not None and root != out / "cluster":
+        shutil.move(root, out / "cluster")
+        rec.notes.append(f"the local cluster ran in {root} (the run directory is too deep for "
+                         "slurmstepd's sockets); its state and logs are in cluster/")  # fmt: skip
 
 
 @dataclass
@@ -176,7 +195,7 @@ def _conclude(
     rec.finished = time.time()
     rec.job_nodes = list(seen.watch.first_nodes)
     rundir.write(out, rec, seen.incidents)
-    report = _report(out, rec, seen.incidents)
+    report, report_error = _report(out, rec, seen.incidents)
     outcome = Outcome(
         job_state=seen.job_state,
         final_digest=rec.final_digest,
@@ -186,6 +205,7 @@ def _conclude(
         node_states=seen.node_states,
         operator=seen.answers,
         report=report,
+        report_error=report_error,
         error=seen.error,
     )
     checks = check(s.expect, outcome, enforce_budgets=enforce_budgets)
@@ -355,10 +375,13 @@ def _node_states(rig: Rig, nodes: list[str]) -> dict[str, str]:
 
 def _report(
     out: Path, rec: rundir.RunRecord, incidents: list[dict[str, Any]]
-) -> ReportSummary | None:
+) -> tuple[ReportSummary | None, str | None]:
+    """The report's summary, or None and why it could not be written (then a note in
+    ``run.json`` and a failed check: the run directory is this runner's to get right)."""
     try:
-        return write_report(out)
-    except Exception as e:  # the report is another module's; its failure must not hide ours
-        rec.notes.append(f"the report failed: {type(e).__name__}: {e}")
+        return write_report(out), None
+    except Exception as e:  # the run's own checks must still be made and written
+        why = f"{type(e).__name__}: {e}"
+        rec.notes.append(f"the report failed: {why}")
         rundir.write(out, rec, incidents)
-        return None
+        return None, why

@@ -99,7 +99,7 @@ import functools
 import re
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -114,18 +114,8 @@ SPECIAL_FAULTS: dict[str, str] = {
     "checkpoint-truncate": "cut the newest checkpoint's largest data file to half",
     "coordinator-kill": "SIGKILL the coordinator, then start it again on the same address",
 }
-#: The report's per-incident phases (``recovery.report``), the keys of ``expect.phases``.
-PHASES = (
-    "detection",
-    "take_out",
-    "requeue_wait",
-    "replacement",
-    "job_restart",
-    "restore",
-    "warmup",
-    "recompute",
-    "no_progress",
-)
+#: The report's per-incident phases (``recovery.report.PHASES``), the keys of
+#: ``expect.phases``; a Literal so that a misspelt one is answered with the valid names.
 PhaseName = Literal[
     "detection",
     "take_out",
@@ -137,6 +127,7 @@ PhaseName = Literal[
     "recompute",
     "no_progress",
 ]
+PHASES: tuple[str, ...] = get_args(PhaseName)
 JOB_NODE = "job-node"
 FAULT_NODE = "fault-node"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")

@@ -4,15 +4,17 @@ and by how much it missed; lost progress is counted from the job's own events.""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from recovery.model import Verdict
+from recovery.report import PHASES as REPORT_PHASES
+from recovery.report import build_report, load_run
 from scenarios.expect import Check, OperatorAnswer, Outcome, Progress, check, progress
 from scenarios.reporting import IncidentCost, ReportSummary, summarize
 from scenarios.schema import PHASES, Expectations
 
 DIGEST = "ab" * 16
+SAMPLES = Path(__file__).parents[1] / "report" / "samples"
 
 
 def _events(*spec: tuple[str, int]) -> list[dict[str, Any]]:
@@ -115,7 +117,7 @@ def test_a_run_stopped_early_fails_with_the_reason() -> None:
 def _report(**phases: float | None) -> ReportSummary:
     full = {k: phases.get(k) for k in PHASES}
     inc = IncidentCost("inc-1", "node1", "xid79", full, 3, 15, 0)
-    return ReportSummary((inc,), 0.7, None, None)
+    return ReportSummary((inc,), 0.7, "", None, None)
 
 
 def test_phase_budgets_fail_by_how_much_unless_not_enforced() -> None:
@@ -131,26 +133,38 @@ def test_phase_budgets_fail_by_how_much_unless_not_enforced() -> None:
     assert lax["phases.replacement"].detail.endswith("; budgets not enforced")
 
 
-def test_without_the_report_budgets_are_not_checked_and_do_not_fail() -> None:
-    got = _by_name(check(Expectations(phases={"detection": 5}), _outcome(report=None)))
+def test_without_a_report_budgets_are_not_checked_but_the_failure_is() -> None:
+    out = _outcome(report=None, report_error="RunDirError: run.json: field 'node' ...")
+    got = _by_name(check(Expectations(phases={"detection": 5}), out))
+    assert got["report"] == Check(
+        "report", False, "the report could not be written: RunDirError: run.json: field 'node' ..."
+    )
     assert got["phases.detection"] == Check(
-        "phases.detection", None, "not checked: recovery.report is not installed"
+        "phases.detection", None, "not checked: no report (see the notes in run.json)"
     )
 
 
-def test_summarize_reads_the_reports_documented_attributes(tmp_path: Path) -> None:
-    inc = SimpleNamespace(
-        id="inc-9", node="node3", fault="xid79",
-        phases={"detection": 0.5, "replacement": None, "no_progress": 20},
-        steps_recomputed=4, restored_step=15, fallbacks=["step 20: digest mismatch"],
-    )  # fmt: skip
-    report = SimpleNamespace(incidents=[inc], goodput=0.61)
-    (tmp_path / "timeline.png").write_bytes(b"png")
-    s = summarize(report, tmp_path)
-    (got,) = s.incidents
-    assert (got.id, got.steps_recomputed, got.restored_step, got.fallbacks) == ("inc-9", 4, 15, 1)
-    assert got.phases["detection"] == 0.5
-    assert got.phases["no_progress"] == 20.0
-    assert got.phases["replacement"] is None
-    assert set(got.phases) == set(PHASES)
-    assert (s.goodput, s.timeline, s.markdown) == (0.61, tmp_path / "timeline.png", None)
+def test_the_summary_keeps_the_reports_phases_and_lost_progress(tmp_path: Path) -> None:
+    report = build_report(load_run(SAMPLES / "xid79-spare"))
+    png = tmp_path / "timeline.png"
+    png.write_bytes(b"png")
+    s = summarize(report, "the table", png, tmp_path / "report.md")
+    assert len(s.incidents) == len(report.incidents) >= 1
+    for got, inc in zip(s.incidents, report.incidents, strict=True):
+        assert (got.id, got.node, got.fault) == (inc.id, inc.node, inc.fault)
+        assert got.phases == {k: inc.phases[k] for k in PHASES}
+        assert (got.steps_recomputed, got.restored_step) == (
+            inc.steps_recomputed,
+            inc.restored_step,
+        )
+        assert got.fallbacks == len(inc.fallbacks)
+    assert (s.goodput, s.table, s.timeline, s.markdown) == (
+        report.goodput.goodput,
+        "the table",
+        png,
+        None,
+    )
+
+
+def test_the_schemas_phase_names_are_the_reports() -> None:
+    assert PHASES == REPORT_PHASES

@@ -56,7 +56,10 @@ def test_shipped_scenario_passes(name: str, control_cache: Path, tmp_path: Path)
     assert all(c["name"].startswith("phases.") for c in unchecked), unchecked
     assert "injected" in done.stderr or "SIGKILLed" in done.stderr  # progress went to stderr
     _check_run_dir(out, name)
-    _check_nothing_left(out / "cluster")
+    assert (out / "report.md").exists()
+    assert result["timeline"] == str(out / "timeline.png")
+    _check_nothing_left(Path(result["cluster_root"]))
+    assert (out / "cluster" / "slurm" / "log").is_dir()  # the logs stay with the run
 
 
 def _check_run_dir(out: Path, name: str) -> None:
