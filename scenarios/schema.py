@@ -45,7 +45,8 @@ Top level
 
 ``faults`` - *required*, carried out in order; each entry is a fault or an operator action
     ``fault``: a fault code of the catalogue (``xid79``, ``gpu-lost``, ``tpu-runtime-error``,
-    ...; ``recover policy`` lists them) or a special kind:
+    ...; ``recovery/policy/catalogue.yaml`` lists them, and an unknown one is answered with
+    the list) or a special kind:
 
     - ``slurmd-crash``: SIGKILL the node's slurmd and its job processes (a node losing power);
       no agent reports anything, Slurm marks the node DOWN after ``slurmd_timeout_s``;

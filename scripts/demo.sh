@@ -57,4 +57,5 @@ fi
 echo
 echo "== 5. recover demo: XID 79 on a real local Slurm cluster (4 nodes + 1 spare, the coordinator,"
 echo "      one agent per node, a JAX training job on all 4 nodes); what did the failure cost?"
-$recover demo --out "$demo/slurm" --cache "$demo/control-runs"
+# The control run and the JAX compilation cache are kept in .state/control-runs across demos.
+$recover demo --out "$demo/slurm"
