@@ -146,12 +146,21 @@ def coordinator_dir(cluster_state: Path) -> Path:
     return cluster_state.parent / "coordinator"
 
 
-def start_coordinator(cluster_state: Path, conf: Path) -> Endpoint:
+def start_coordinator(
+    cluster_state: Path,
+    conf: Path,
+    *,
+    config: Path | None = None,
+    listen: str = "127.0.0.1:0",
+) -> Endpoint:
     """Start the coordinator for the local cluster in the background (a no-op when one runs);
-    returns where it listens. Raises CoordinatorUnavailableError with its log when it fails."""
+    returns where it listens. ``config``: its policy file; ``listen``: host:port (port 0: any
+    free one). Raises CoordinatorUnavailableError with its log when it fails."""
     from recovery.service import process
 
-    return process.start(coordinator_dir(cluster_state), slurm_conf=conf)
+    return process.start(
+        coordinator_dir(cluster_state), slurm_conf=conf, config=config, listen=listen
+    )
 
 
 def stop_coordinator(cluster_state: Path) -> bool:

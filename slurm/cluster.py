@@ -32,6 +32,7 @@ from slurm.clusterinfo import (
     ClusterInfo,
     ClusterStatus,
     check_installed,
+    check_socket_paths,
     default_state_dir,
     node_names,
     resolve_conf,
@@ -135,6 +136,7 @@ class LocalCluster:
                 "slurmd launches jobs as their owner"
             )
         names, spare_names = node_names(nodes, spares)
+        check_socket_paths(self.state_dir, names + spare_names)
         current = self.info()
         if current is not None and all(procs.alive(p) for p in current.pids.values()):
             if (current.nodes, current.spares) != (names, spare_names):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,32 @@ def check_installed(which: Callable[[str], str | None] = shutil.which) -> None:
     missing = [p for p in REQUIRED_PROGRAMS if which(p) is None]
     if missing:
         raise SlurmNotInstalledError(f"missing {', '.join(missing)}; {INSTALL_HINT}")
+
+
+#: Longest path a Unix socket may have (``sun_path`` holds 108 bytes, its NUL included).
+SOCKET_PATH_MAX = 107
+
+
+def longest_socket(state_dir: Path, names: Sequence[str]) -> Path:
+    """The longest socket path slurmstepd may create in ``state_dir``'s spool: one per job
+    step, ``spool/slurmd.NODE/NODE_JOBID.STEPID``; a batch step's id has 10 digits, and job
+    ids are taken as up to 7."""
+    node = max(names, key=len)
+    return state_dir / "spool" / f"slurmd.{node}" / f"{node}_{'9' * 7}.4294967291"
+
+
+def check_socket_paths(state_dir: Path, names: Sequence[str]) -> None:
+    """Raise UsageError when ``state_dir`` is too deep for slurmstepd's sockets: every job
+    launch on such a cluster fails ("Unix socket path ... is too long") and the job is
+    requeued over and over."""
+    longest = longest_socket(state_dir, names)
+    if len(str(longest)) > SOCKET_PATH_MAX:
+        room = SOCKET_PATH_MAX - (len(str(longest)) - len(str(state_dir)))
+        raise UsageError(
+            f"the state dir {state_dir} is too long for the Unix sockets slurmstepd creates in "
+            f"it ({len(str(longest))} characters, at most {SOCKET_PATH_MAX}); choose one of at "
+            f"most {room} characters"
+        )
 
 
 def node_names(nodes: int, spares: int) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +31,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 reason = _accelerator(platform)
                 if reason is not None:
                     item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def control_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache of scenario control runs (and of their JAX compilation) for the session, so
+    each training configuration's uninterrupted run is trained once."""
+    return tmp_path_factory.mktemp("control-runs")

@@ -68,6 +68,8 @@ def test_import_contracts_are_kept() -> None:
         ("recovery/coordinator/leak.py", "import k8s.nodes", "The core imports no adapter"),
         ("recovery/ports/leak.py", "import kubernetes", "The core imports no adapter"),
         ("slurm/leak.py", "import recovery.cli", "Adapters never import the composition root"),
+        ("agents/leak.py", "import scenarios", "Adapters never import the composition root"),
+        ("recovery/train/leak.py", "import scenarios.runner", "The core imports no adapter"),
         ("slurm/leak.py", "import k8s", "independent of each other"),
         ("recovery/cli/leak.py", "import kubernetes", "Only k8s imports kubernetes"),
         ("slurm/leak.py", "import pynvml", "Only agents import pynvml and grpc"),

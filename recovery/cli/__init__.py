@@ -17,6 +17,7 @@ from recovery.cli import coordinator as _coordinator
 from recovery.cli import inject as _inject
 from recovery.cli import ops as _ops
 from recovery.cli import report as _report
+from recovery.cli import scenario as _scenario
 from recovery.cli import train as _train
 from recovery.errors import RecoverError
 
@@ -39,6 +40,7 @@ _cluster.register(app)
 _ops.register(app)
 _inject.register(app)
 _report.register(app)
+_scenario.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from recovery import proc
-from recovery.service import process
+from recovery.service import agents_proc, process
 from slurm.cluster import LocalCluster
 from tests.coordinator.helpers import SHIM, Coordinator
 
@@ -43,3 +43,25 @@ def coordinator(
         process.stop(c.state_dir)
         if c.endpoint is not None:
             assert not proc.alive(c.endpoint.pid), "coordinator left running"
+
+
+NODES = ["node1", "node2", "node3", "spare1"]
+
+
+@pytest.fixture
+def agents(coordinator: Coordinator) -> Iterator[dict[str, int]]:
+    """An agent per node, connected to the coordinator; stopped by pid afterwards."""
+    client = coordinator.client
+
+    def connected() -> set[str]:
+        return {a["node"] for a in client.get("/v1/agents") if a["connected"]}
+
+    assert coordinator.endpoint is not None
+    pids = agents_proc.start_agents(
+        coordinator.state_dir, NODES, coordinator.endpoint.url, connected=connected
+    )
+    try:
+        yield pids
+    finally:
+        agents_proc.stop_agents(coordinator.state_dir)
+        assert agents_proc.running(coordinator.state_dir) == {}

@@ -4,37 +4,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
-from recovery.service import agents_proc
 from slurm.cli_slurm import CliSlurm
 from tests.coordinator.helpers import Coordinator
 from tests.slurm.helpers import down_node, wait_for
 
 pytestmark = pytest.mark.slurm
-
-NODES = ["node1", "node2", "node3", "spare1"]
-
-
-@pytest.fixture
-def agents(coordinator: Coordinator) -> Iterator[dict[str, int]]:
-    """An agent per node, connected to the coordinator; stopped by pid afterwards."""
-    client = coordinator.client
-
-    def connected() -> set[str]:
-        return {a["node"] for a in client.get("/v1/agents") if a["connected"]}
-
-    assert coordinator.endpoint is not None
-    pids = agents_proc.start_agents(
-        coordinator.state_dir, NODES, coordinator.endpoint.url, connected=connected
-    )
-    try:
-        yield pids
-    finally:
-        agents_proc.stop_agents(coordinator.state_dir)
-        assert agents_proc.running(coordinator.state_dir) == {}
 
 
 @pytest.mark.parametrize("via", ["agent", "kmsg"])

@@ -25,9 +25,9 @@ from recovery.ports.slurm import SlurmControl
 from recovery.spares import SPARE_REASON
 from slurm import procs, restd
 from slurm.cli_slurm import CliSlurm
-from slurm.cluster import REQUIRED_PROGRAMS, ClusterInfo, LocalCluster
+from slurm.cluster import ClusterInfo, LocalCluster
 from slurm.rest_slurm import RestSlurm
-from tests.slurm.helpers import SLURMD_TIMEOUT_S, expect_unsupported, wait_for
+from tests.slurm.helpers import SLURMD_TIMEOUT_S, expect_unsupported, require_local_slurm, wait_for
 
 #: The SlurmControl backends every contract test runs against.
 BACKENDS = ("cli", "rest")
@@ -36,17 +36,7 @@ BACKENDS = ("cli", "rest")
 @pytest.fixture(scope="session")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """The session's running cluster; stopped at the end, checking nothing is left behind."""
-    missing = [p for p in REQUIRED_PROGRAMS if shutil.which(p) is None]
-    if missing and os.environ.get("CI"):
-        # .ci/run installs Slurm; a silent skip there would hide the whole tier.
-        pytest.fail(f"Slurm tier cannot run in CI: {', '.join(missing)} not on PATH")
-    if missing:
-        pytest.skip(
-            f"Slurm tier skipped: {', '.join(missing)} not installed "
-            "(apt-get install -y slurm-wlm munge, or ./scripts/setup.sh)"
-        )
-    if os.geteuid() != 0:
-        pytest.skip("Slurm tier skipped: the local cluster must run as root")
+    require_local_slurm()
     # JWT on when the plugin is there (CI installs it): the REST backend needs it.
     cluster = LocalCluster(
         tmp_path_factory.mktemp("slurm-cluster"),

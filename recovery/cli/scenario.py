@@ -1,0 +1,95 @@
+"""``recover scenario run|list`` and ``recover demo``: fault scenarios against a test cluster.
+
+Thin: each command parses its options and calls one function of :mod:`scenarios.main`, which
+is imported inside the command (it pulls in the Slurm adapter and the runner), so ``recover
+--help`` stays fast. Exit status 10: the scenario ran but an expectation failed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    help="Run fault scenarios against a test cluster and check what they cost.",
+    no_args_is_help=True,
+)
+
+Out = Annotated[
+    Path | None,
+    typer.Option(help="Run directory to write [default: runs/NAME-YYYYmmdd-HHMMSS]."),
+]
+Cache = Annotated[
+    Path | None,
+    typer.Option(
+        help="Where control runs are cached [default: $RECOVER_STATE_DIR/control-runs "
+        "or ./.state/control-runs]."
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+@app.command("run")
+def run(
+    scenario: Annotated[str, typer.Argument(help="A scenario file, or a shipped scenario's name.")],
+    out: Out = None,
+    cache: Cache = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the result as JSON (progress on stderr).")
+    ] = False,
+    no_budgets: Annotated[
+        bool,
+        typer.Option("--no-budgets", help="Report phase budgets without failing on them."),
+    ] = False,
+    slurm_conf: Annotated[
+        str | None,
+        typer.Option(help="Run on this existing cluster's slurm.conf instead of a local one."),
+    ] = None,
+    coordinator: Annotated[
+        str | None, typer.Option(help="The existing cluster's coordinator URL.")
+    ] = None,
+    token_file: Annotated[
+        str | None, typer.Option(help="The existing coordinator's tokens file.")
+    ] = None,
+) -> None:
+    """Run a scenario: start the local cluster (or use an existing one), inject its faults,
+    check its expectations, write its run directory and report."""
+    from scenarios.main import existing_from, run_command
+
+    raise typer.Exit(
+        run_command(
+            scenario, out=out, cache=cache, as_json=as_json, enforce_budgets=not no_budgets,
+            existing=existing_from(slurm_conf, coordinator, token_file), env=os.environ,
+        )
+    )  # fmt: skip
+
+
+@app.command("list")
+def list_(as_json: AsJson = False) -> None:
+    """Show the shipped scenarios (name, what it does)."""
+    from scenarios.main import list_command
+
+    raise typer.Exit(list_command(as_json=as_json))
+
+
+def demo(
+    steps: Annotated[
+        int | None, typer.Option(help="Final training step [default: the scenario's].")
+    ] = None,
+    out: Out = None,
+    cache: Cache = None,
+) -> None:
+    """XID 79 on a 4-node + 1-spare local cluster with the coordinator, an agent per node and
+    a real JAX training job; ends with what the failure cost, phase by phase."""
+    from scenarios.main import demo_command
+
+    raise typer.Exit(demo_command(steps=steps, out=out, cache=cache, env=os.environ))
+
+
+def register(root: typer.Typer) -> None:
+    """Attach ``recover scenario ...`` and ``recover demo``."""
+    root.add_typer(app, name="scenario")
+    root.command("demo")(demo)

@@ -1,0 +1,218 @@
+"""Carrying out one scenario entry: a fault through its real path, or an operator action.
+
+Catalogue faults go through ``POST /v1/inject`` with :func:`recovery.cli.inject.inject`, the
+function ``recover inject`` calls, so the node's agent reports them through its own pipeline
+or its kernel-log parser. The special kinds act on the machine itself: a slurmd killed, a
+checkpoint file damaged, the coordinator killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recovery.checkpoint.scan import committed_steps, step_path
+from recovery.cli.inject import inject
+from recovery.errors import RecoverError, UsageError
+from recovery.proc import parent_of
+from scenarios.rig import Rig
+from scenarios.schema import FAULT_NODE, JOB_NODE, Entry
+from scenarios.watch import Watcher
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Done:
+    """What an entry did: fault records for ``run.json``, notes, the node it hit, and for an
+    operator action how it was answered."""
+
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    node: str | None = None
+    answer: str | None = None
+    """``accepted`` or ``refused`` for an operator action."""
+    detail: str = ""
+
+
+def carry_out(entry: Entry, rig: Rig, watch: Watcher, fault_node: str | None, say: Say) -> Done:
+    """Do ``entry`` now. ``fault_node`` is the node of the previous fault (for ``fault-node``).
+
+    Raises UsageError when the entry cannot be done here (no node runs the job, a local-only
+    fault on an existing cluster), RecoverError from the coordinator or Slurm.
+    """
+    if entry.operator is not None:
+        return _operator(entry, rig, fault_node, say)
+    if entry.fault == "coordinator-kill":
+        return _kill_coordinator(entry, rig, say)
+    if entry.fault in ("checkpoint-corrupt", "checkpoint-truncate"):
+        return _damage_checkpoint(entry, watch.run_dir, say)
+    nodes = _targets(entry, watch, fault_node)
+    if entry.fault == "slurmd-crash":
+        return _crash_slurmd(rig, nodes[0], say)
+    return _inject(entry, str(entry.fault), rig, watch, nodes, say)
+
+
+def _targets(entry: Entry, watch: Watcher, fault_node: str | None) -> list[str]:
+    where = entry.where
+    if where == FAULT_NODE:
+        if fault_node is None:
+            raise UsageError(f"{entry.label}: fault-node, but no fault hit a node before it")
+        return [fault_node]
+    if where != JOB_NODE:
+        return [str(where)]
+    running = watch.running_nodes()
+    if not running:
+        state = watch.job.state if watch.job else "unknown"
+        raise UsageError(f"{entry.label} on job-node: the job runs on no node now ({state})")
+    count = entry.burst or 1
+    if count > len(running):
+        raise UsageError(f"burst of {count}: the job runs on {len(running)} node(s) only")
+    return list(running[:count])
+
+
+def _inject(entry: Entry, fault: str, rig: Rig, watch: Watcher, nodes: list[str], say: Say) -> Done:
+    done = Done(node=nodes[0])
+    if entry.kills_training:
+        rig.need_local("crash_training")
+        done.notes.append(f"{fault}: {_crash_training(watch, say)}")
+    count = entry.repeat.count if entry.repeat else 1
+    every = entry.repeat.every_s if entry.repeat else 0.0
+    for i in range(count):
+        gpu = entry.gpu
+        if entry.repeat and entry.repeat.across_gpus:
+            gpu = ((entry.gpu or 0) + i) % 8
+        replies = _inject_on(rig, nodes, fault, gpu, entry.path)
+        for node, at, reply in replies:
+            done.faults.append(
+                {"fault": fault, "node": node, "via": entry.path, "at": at,
+                 "gpu": gpu, "event_id": reply.get("event_id")}
+            )  # fmt: skip
+        if i == 0 or i == count - 1:
+            more = f" ({i + 1} of {count})" if count > 1 else ""
+            say(f"injected {fault} on {', '.join(nodes)} via {entry.path}{more}")
+        if i < count - 1:
+            time.sleep(every)  # the scenario's own pacing of repeats, not a wait on anything
+    return done
+
+
+def _crash_training(watch: Watcher, say: Say) -> str:
+    """What a GPU falling off the bus does to the job: the training process dies at once
+    (SIGKILL: nothing is saved) and the job hangs rather than ends (its batch shell is held
+    with SIGSTOP), until the toolkit takes the node out and Slurm requeues the job (Slurm
+    continues and kills the job's processes then). A batch shell left to see its training
+    die would end the job as FAILED, which no requeue brings back."""
+    pid = watch.training_pid()
+    if pid is None:
+        return "no training process was running to crash"
+    shell = parent_of(pid)
+    if shell is not None and shell > 1:
+        os.kill(shell, signal.SIGSTOP)
+    os.kill(pid, signal.SIGKILL)
+    say(f"training process {pid} SIGKILLed, its batch shell {shell} held: the GPU is gone")
+    return f"training process {pid} SIGKILLed and batch shell {shell} stopped with the fault"
+
+
+def _inject_on(
+    rig: Rig, nodes: list[str], fault: str, gpu: int | None, via: str
+) -> list[tuple[str, float, dict[str, Any]]]:
+    """Inject on every node at once (one thread each); ``(node, wall time, reply)`` each."""
+    results: dict[str, tuple[float, dict[str, Any]]] = {}
+    errors: list[BaseException] = []
+
+    def one(node: str) -> None:
+        at = time.time()
+        try:
+            results[node] = (at, inject(rig.client, fault=fault, node=node, gpu=gpu, via=via))
+        except RecoverError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [(n, *results[n]) for n in nodes]
+
+
+def _crash_slurmd(rig: Rig, node: str, say: Say) -> Done:
+    local = rig.need_local("slurmd-crash")
+    at = time.time()
+    killed = local.cluster.crash_node(node)
+    say(f"slurmd of {node} and its job processes SIGKILLed ({len(killed)} process(es))")
+    return Done(
+        faults=[{"fault": "slurmd-crash", "node": node, "via": "slurmd-kill", "at": at}],
+        node=node,
+    )
+
+
+def _damage_checkpoint(entry: Entry, run_dir: Path, say: Say) -> Done:
+    root = run_dir / "checkpoints"
+    steps = committed_steps(root)
+    if not steps:
+        raise UsageError(f"{entry.fault}: the job has no checkpoint yet in {root}")
+    step = steps[-1]
+    files = sorted(step_path(root, step).glob("D*.bin"), key=lambda p: (-p.stat().st_size, p))
+    if not files:
+        raise UsageError(f"{entry.fault}: checkpoint step {step} has no data file")
+    target = files[0]
+    size = target.stat().st_size
+    at = time.time()
+    if entry.fault == "checkpoint-corrupt":
+        with target.open("r+b") as f:  # one flipped byte: a bad disk, a torn copy
+            f.seek(size // 2)
+            byte = f.read(1)
+            f.seek(size // 2)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        what = f"flipped byte {size // 2} of {target.name}"
+    else:
+        os.truncate(target, size // 2)
+        what = f"truncated {target.name} from {size} to {size // 2} bytes"
+    say(f"checkpoint step {step}: {what}")
+    record = {"fault": entry.fault, "node": "", "via": "file", "at": at, "step": step}
+    return Done(faults=[record], notes=[f"{entry.fault}: step {step}, {what}"])
+
+
+def _kill_coordinator(entry: Entry, rig: Rig, say: Say) -> Done:
+    local = rig.need_local("coordinator-kill")
+    at = time.time()
+    pid = local.kill_coordinator()
+    say(f"coordinator {pid} SIGKILLed")
+    done = Done(faults=[{"fault": "coordinator-kill", "node": "", "via": "sigkill", "at": at}])
+    if entry.restart is not False:
+        # The same address, so agents (and this runner) find it again without being told.
+        listen = rig.client.url.removeprefix("http://")
+        ep = local.start_coordinator(listen=listen)
+        say(f"coordinator restarted at {ep.url} ({time.time() - at:.1f} s after the kill)")
+        done.notes.append(f"coordinator killed, restarted {time.time() - at:.1f} s later")
+    return done
+
+
+def _operator(entry: Entry, rig: Rig, fault_node: str | None, say: Say) -> Done:
+    at = time.time()
+    if entry.operator == "breaker-reset":
+        doc = rig.client.post("/v1/breaker/reset")
+        detail = f"released {len(doc['released'])} held action(s), expired {len(doc['expired'])}"
+        say(f"operator: breaker reset: {detail}")
+        return Done(notes=[f"operator breaker-reset at {at:.3f}: {detail}"], answer="accepted",
+                    detail=detail)  # fmt: skip
+    node = fault_node if entry.where == FAULT_NODE else str(entry.where)
+    if node is None:
+        raise UsageError("operator repaired: fault-node, but no fault hit a node before it")
+    try:
+        doc = rig.client.post(f"/v1/nodes/{node}/repaired")
+    except UsageError as e:
+        say(f"operator: {node} repaired -> refused: {e}")
+        return Done(notes=[f"operator repaired {node} at {at:.3f}: refused: {e}"], node=node,
+                    answer="refused", detail=str(e))  # fmt: skip
+    say(f"operator: {node} repaired -> {doc['result']}")
+    return Done(notes=[f"operator repaired {node} at {at:.3f}: {doc['result']}"], node=node,
+                answer="accepted", detail=str(doc["result"]))  # fmt: skip

@@ -1,0 +1,148 @@
+"""The control run: the same training, uninterrupted and outside Slurm, whose final state
+digest a scenario's job must reach bit for bit.
+
+Computed once per training configuration and cached in ``CACHE/<key>/digest``. The key covers
+everything the trajectory depends on (model, steps, seed; the checkpoint interval and the step
+sleep do not change it) plus a fingerprint of the training and checkpoint code and of the jax
+version, so a change there never compares against a stale digest. Runs happen in a temporary
+folder renamed into place, so two runs computing the same control never see half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from pathlib import Path
+
+import recovery
+from recovery import fsutil
+from recovery.errors import RecoverError
+from scenarios.schema import JobSpec
+
+#: Runs ``recover train`` with these options; returns (exit status, stderr).
+Train = Callable[[Sequence[str]], tuple[int, str]]
+_CODE = Path(recovery.__file__).resolve().parent
+
+
+def cache_key(job: JobSpec) -> str:
+    """16 hex digits naming the control run of ``job``'s training configuration."""
+    doc = {
+        "model": job.model,
+        "steps": job.steps,
+        "seed": job.seed,
+        "code": code_fingerprint(),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def code_fingerprint() -> str:
+    """A digest of the training and checkpoint sources and the installed jax version."""
+    h = hashlib.sha256()
+    for sub in ("train", "checkpoint"):
+        for path in sorted((_CODE / sub).glob("*.py")):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    try:
+        h.update(metadata.version("jax").encode())
+    except metadata.PackageNotFoundError:
+        h.update(b"no-jax")
+    return h.hexdigest()[:16]
+
+
+def run_train(args: Sequence[str]) -> tuple[int, str]:
+    """``python -m recovery train ARGS`` in a child process (JAX stays out of this one)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "recovery", "train", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    return done.returncode, done.stderr
+
+
+def control_digest(job: JobSpec, cache: Path, *, train: Train = run_train) -> str:
+    """The final state digest of ``job``'s training run without interruption: from the cache,
+    else computed now with ``train`` and cached.
+
+    Raises RecoverError with the trainer's error output when the run fails.
+    """
+    d = cache / cache_key(job)
+    cached = d / "digest"
+    if cached.exists():
+        return cached.read_text().strip()
+    cache.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".tmp-control-", dir=cache))
+    try:
+        run = work / "run"
+        args = [
+            "--run-dir", str(run), "--steps", str(job.steps), "--save-every", str(job.steps),
+            "--model", job.model, "--seed", str(job.seed),
+            "--compile-cache", str(compile_cache(cache)),
+        ]  # fmt: skip
+        status, err = train(args)
+        if status != 0:
+            raise RecoverError(f"the control run failed (exit {status}):\n{err[-2000:]}")
+        digest = _final_digest(run / "events.jsonl")
+        shutil.rmtree(run)  # its checkpoint is not needed, only the digest
+        fsutil.atomic_write(work / "digest", (digest + "\n").encode())
+        config = json.dumps(job.model_dump(include={"model", "steps", "seed"}), sort_keys=True)
+        fsutil.atomic_write(work / "config.json", (config + "\n").encode())
+        try:
+            os.rename(work, d)
+        except OSError:
+            if not cached.exists():  # not another run's rename that won: a real failure
+                raise
+        return cached.read_text().strip()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def compile_cache(cache: Path) -> Path:
+    """The JAX compilation cache shared by control runs and scenario jobs (same programs)."""
+    return cache / "compile-cache"
+
+
+def _final_digest(events: Path) -> str:
+    for line in reversed(events.read_text().splitlines()):
+        if '"completed"' in line:
+            doc = json.loads(line)
+            if doc.get("event") == "completed":
+                return str(doc["state_digest"])
+    raise RecoverError(f"the control run wrote no completed event in {events}")
+
+
+class Background:
+    """:func:`control_digest` on a thread, so the control trains while the cluster starts."""
+
+    def __init__(self, job: JobSpec, cache: Path, *, train: Train = run_train) -> None:
+        self._result: str | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._work, args=(job, cache, train), name="control-run", daemon=True
+        )
+        self._thread.start()
+
+    def _work(self, job: JobSpec, cache: Path, train: Train) -> None:
+        try:
+            self._result = control_digest(job, cache, train=train)
+        except BaseException as e:  # handed to the caller of result()
+            self._error = e
+
+    def result(self, timeout_s: float = 900.0) -> str:
+        """The digest; raises what the run raised, or RecoverError after ``timeout_s``."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise RecoverError(f"the control run did not finish within {timeout_s:g} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result

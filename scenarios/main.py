@@ -1,0 +1,157 @@
+"""What the ``recover scenario ...`` and ``recover demo`` commands do, one function each, so
+the typer commands in :mod:`recovery.cli.scenario` only parse options.
+
+Each returns the process exit status: 0 when every expectation held,
+:data:`scenarios.runner.EXPECTATION_FAILED` (10) when one failed; errors that stop a run from
+starting are raised (a RecoverError with its own exit status).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from recovery.errors import UsageError
+from scenarios import loader, render
+from scenarios.loader import Loaded
+from scenarios.runner import EXPECTATION_FAILED, RunOptions, RunResult, run
+from scenarios.schema import ExistingCluster
+
+#: The shipped scenario ``recover demo`` runs.
+DEMO = "xid79"
+
+
+def state_base(env: Mapping[str, str]) -> Path:
+    """``$RECOVER_STATE_DIR`` or ``./.state`` (absolute)."""
+    return Path(env.get("RECOVER_STATE_DIR") or ".state").absolute()
+
+
+def default_out(name: str, clock: float | None = None) -> Path:
+    """``runs/NAME-YYYYmmdd-HHMMSS`` under the current directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock))
+    return Path("runs") / f"{name}-{stamp}"
+
+
+def existing_from(
+    slurm_conf: str | None, coordinator: str | None, token_file: str | None
+) -> ExistingCluster | None:
+    """The existing cluster the command line names, or None to follow the file."""
+    if slurm_conf is None and coordinator is None and token_file is None:
+        return None
+    return ExistingCluster(slurm_conf=slurm_conf, coordinator=coordinator, token_file=token_file)
+
+
+def run_command(
+    scenario: str,
+    *,
+    out: Path | None,
+    cache: Path | None,
+    as_json: bool,
+    enforce_budgets: bool = True,
+    existing: ExistingCluster | None = None,
+    env: Mapping[str, str] = os.environ,
+) -> int:
+    """``recover scenario run``: progress on stdout (stderr with ``--json``, whose result
+    document goes to stdout), the result, and the failed expectations on stderr."""
+    loaded = loader.find(scenario)
+    result = _run(loaded, out, cache, as_json, enforce_budgets, existing, env)
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(render.result_text(result))
+    if not result.passed:
+        print(f"recover: {render.failure_text(result)}", file=sys.stderr)
+        return EXPECTATION_FAILED
+    return 0
+
+
+def list_command(*, as_json: bool) -> int:
+    """``recover scenario list``: the shipped scenarios' names and descriptions."""
+    found = loader.shipped()
+    if as_json:
+        doc = [
+            {"name": x.scenario.name, "description": x.scenario.description, "file": str(x.path)}
+            for x in found
+        ]
+        print(json.dumps(doc, indent=2))
+    else:
+        print(render.list_text(found))
+    return 0
+
+
+def demo_command(
+    *,
+    steps: int | None,
+    out: Path | None,
+    cache: Path | None,
+    env: Mapping[str, str] = os.environ,
+) -> int:
+    """``recover demo``: the xid79 scenario on a 4-node + 1-spare local cluster, then the
+    report's table (each phase, lost progress against replacement time, goodput) ending with
+    the timeline's path.
+
+    ``steps`` shortens (or lengthens) the training; it must leave the fault inside the run.
+    """
+    loaded = loader.find(DEMO)
+    if steps is not None:
+        loaded = with_steps(loaded, steps)
+    s = loaded.scenario
+    print(f"recover demo: {s.description}")
+    result = _run(loaded, out, cache, False, True, None, env)
+    print()
+    print(render.result_text(result))
+    print()
+    if result.report is not None:
+        print(result.report.table)
+    else:
+        print("no report: see the notes in run.json")
+    return 0 if result.passed else EXPECTATION_FAILED
+
+
+def with_steps(loaded: Loaded, steps: int) -> Loaded:
+    """``loaded`` with the job's final step set to ``steps``. Raises UsageError when the
+    run would end before a step or checkpoint trigger of its faults."""
+    s = loaded.scenario
+    triggers = [e.when.trigger for e in s.faults]
+    needed = max((int(str(v)) for k, v in triggers if k in ("step", "checkpoint")), default=0)
+    if steps <= needed:
+        raise UsageError(f"--steps {steps}: the fault comes at step {needed}; give more than that")
+    job = s.job.model_copy(update={"steps": steps})
+    return Loaded(s.model_copy(update={"job": job}), loaded.text, loaded.path)
+
+
+def _run(
+    loaded: Loaded,
+    out: Path | None,
+    cache: Path | None,
+    as_json: bool,
+    enforce_budgets: bool,
+    existing: ExistingCluster | None,
+    env: Mapping[str, str],
+) -> RunResult:
+    stream = sys.stderr if as_json else sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=stream, flush=True)
+
+    # SIGTERM ends the run like Ctrl-C does: through the runner's clean-up, which stops the
+    # local cluster it started (the default action would leave every daemon running).
+    signal.signal(signal.SIGTERM, _exit_on_term)
+    opts = RunOptions(
+        out=out or default_out(loaded.scenario.name),
+        cache=cache or state_base(env) / "control-runs",
+        say=say,
+        enforce_budgets=enforce_budgets,
+        existing=existing,
+        env=dict(env),
+    )
+    return run(loaded, opts)
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -1,0 +1,387 @@
+"""Running a scenario: bring the cluster up (or attach to one), submit the training job, carry
+out each entry when its trigger fires, wait for the job and the incidents to end, write the run
+directory, have the report written, check the expectations, bring the cluster down.
+
+Progress goes to ``say`` one line per thing as it happens (training events, incident phases,
+job state changes, what the runner did), each stamped with the seconds since the start. Every
+wait is on a condition, bounded by the scenario's ``timeout_s``; a run that times out still
+writes its directory, with the reason in ``notes`` and as a failed check.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from recovery.errors import RecoverError, UsageError
+from recovery.spares import is_spare
+from scenarios import rundir
+from scenarios.actions import carry_out
+from scenarios.control import Background, compile_cache
+from scenarios.expect import Check, OperatorAnswer, Outcome, check, progress
+from scenarios.loader import Loaded, dotted, semantic_problems
+from scenarios.reporting import ReportSummary, write_report
+from scenarios.rig import Rig, attach, bring_up, cluster_root
+from scenarios.schema import ClusterSpec, ExistingCluster, Scenario, When
+from scenarios.watch import ACTED, Watcher
+from slurm.sbatch import submit_training
+
+Say = Callable[[str], None]
+#: How long the runner waits, after the job ended, for the coordinator to close incidents.
+SETTLE_S = 20.0
+#: Exit status of ``recover scenario run`` when the scenario ran but an expectation failed.
+EXPECTATION_FAILED = 10
+
+
+class ScenarioTimeout(RecoverError):
+    """A condition the scenario waits on did not come true in time (the message says which)."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run: where to write, where the control runs are cached, and what to print."""
+
+    out: Path
+    cache: Path
+    say: Say = print
+    enforce_budgets: bool = True
+    """False: phase budgets are reported, not failed (tests: no timed assertions)."""
+    existing: ExistingCluster | None = None
+    """Run on this existing cluster whatever the file says."""
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+@dataclass
+class RunResult:
+    """What ``recover scenario run`` reports."""
+
+    scenario: str
+    out: Path
+    checks: list[Check]
+    report: ReportSummary | None
+    elapsed_s: float
+    cluster_root: Path | None = None
+    """Where the local cluster ran (its processes carry this path); None: an existing one."""
+
+    @property
+    def passed(self) -> bool:
+        return all(c.ok is not False for c in self.checks)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.ok is False]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "passed": self.passed,
+            "out": str(self.out),
+            "elapsed_s": round(self.elapsed_s, 1),
+            "checks": [c.to_json() for c in self.checks],
+            "timeline": str(self.report.timeline) if self.report and self.report.timeline else None,
+            "cluster_root": str(self.cluster_root) if self.cluster_root else None,
+        }
+
+
+def run(loaded: Loaded, opts: RunOptions) -> RunResult:
+    """Run ``loaded``'s scenario; see the module docstring. Never raises for a failed
+    expectation (it is in the result); raises for what prevents the run from starting (Slurm
+    missing, cluster not starting, a bad existing cluster) after stopping what it started."""
+    s = loaded.scenario
+    t0 = time.time()
+    deadline = time.monotonic() + s.timeout_s
+
+    def say(msg: str) -> None:
+        opts.say(f"[{time.time() - t0:6.1f}s] {msg}")
+
+    existing = opts.existing or s.cluster.existing
+    if opts.existing is not None:
+        _check_existing(s, opts.existing)
+    out = opts.out.absolute()
+    if out.exists() and any(out.iterdir()):
+        # A journal, a cluster state and checkpoints from an earlier run would all be reused.
+        raise UsageError(f"{out} exists and is not empty; choose another --out or remove it")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scenario.yaml").write_text(loaded.text)
+    j = s.job
+    rec = rundir.RunRecord(s.name, t0, j.steps, j.save_every, j.model, out / "job")
+    say(f"scenario {s.name}: {s.description}")
+    control = Background(j, opts.cache) if s.expect.digest_matches_control else None
+    if existing is not None:
+        rig, root = attach(existing, opts.env, say), None
+    else:
+        root = cluster_root(out, s.cluster)
+        rig = bring_up(s.cluster, root, say)
+    rec.nodes, rec.spares = list(rig.nodes), list(rig.spares)
+    try:
+        seen = _observe(s, rig, rec, opts.cache, deadline, say)
+    finally:
+        _stop(rig, root, out, rec, say)
+    result = _conclude(s, out, rec, seen, control, opts.enforce_budgets, t0)
+    result.cluster_root = root
+    return result
+
+
+def _stop(rig: Rig, root: Path | None, out: Path, rec: rundir.RunRecord, say: Say) -> None:
+    """Stop what the runner started; bring a cluster that ran elsewhere into ``out``."""
+    stopped = rig.down()
+    if stopped:
+        say(f"stopped {len(stopped)} process(es) of the local cluster")
+    if root is not None and root != out / "cluster":
+        shutil.move(root, out / "cluster")
+        rec.notes.append(f"the local cluster ran in {root} (the run directory is too deep for "
+                         "slurmstepd's sockets); its state and logs are in cluster/")  # fmt: skip
+
+
+@dataclass
+class _Observed:
+    """What the run did, read before the cluster goes down."""
+
+    watch: Watcher
+    answers: list[OperatorAnswer]
+    incidents: list[dict[str, Any]]
+    node_states: dict[str, str]
+    job_state: str
+    error: str | None
+
+
+def _observe(
+    s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, deadline: float, say: Say
+) -> _Observed:
+    """Submit the job, carry out the entries, wait for the end; then read the incidents and
+    the nodes the expectations name, and cancel the job if it still runs."""
+    watch = _submit(s, rig, rec, cache, say)
+    answers: list[OperatorAnswer] = []
+    error: str | None = None
+    try:
+        answers = _drive(s, rig, watch, rec, deadline, say)
+    except RecoverError as e:
+        error = str(e)
+        rec.notes.append(f"stopped early: {error}")
+        say(f"stopped: {error}")
+    incidents = _incidents(rig, watch, rec)
+    named = [*(s.expect.out_of_service or []), *(s.expect.in_service or [])]
+    job_state = watch.job.state if watch.job else "unknown"
+    if watch.job is not None and not watch.job.finished:
+        rig.slurm.cancel(watch.job.job_id)
+        rec.notes.append(f"job {watch.job.job_id} cancelled at the end ({job_state})")
+    return _Observed(watch, answers, incidents, _node_states(rig, named), job_state, error)
+
+
+def _conclude(
+    s: Scenario,
+    out: Path,
+    rec: rundir.RunRecord,
+    seen: _Observed,
+    control: Background | None,
+    enforce_budgets: bool,
+    t0: float,
+) -> RunResult:
+    """Write the run directory, have the report written, check the expectations."""
+    completed = seen.watch.last("completed")
+    rec.final_digest = str(completed["state_digest"]) if completed else None
+    if control is not None:
+        try:
+            rec.control_digest = control.result()
+        except RecoverError as e:
+            rec.notes.append(f"control run: {e}")
+    rec.finished = time.time()
+    rec.job_nodes = list(seen.watch.first_nodes)
+    rundir.write(out, rec, seen.incidents)
+    report, report_error = _report(out, rec, seen.incidents)
+    outcome = Outcome(
+        job_state=seen.job_state,
+        final_digest=rec.final_digest,
+        control_digest=rec.control_digest,
+        progress=progress(seen.watch.events),
+        incidents=seen.incidents,
+        node_states=seen.node_states,
+        operator=seen.answers,
+        report=report,
+        report_error=report_error,
+        error=seen.error,
+    )
+    checks = check(s.expect, outcome, enforce_budgets=enforce_budgets)
+    result = RunResult(s.name, out, checks, report, time.time() - t0)
+    rundir.write_result(out, result.to_json())
+    return result
+
+
+def _check_existing(s: Scenario, existing: ExistingCluster) -> None:
+    """Refuse, before anything starts, a scenario that needs the local cluster."""
+    moved = s.model_copy(update={"cluster": ClusterSpec(existing=existing)})
+    problems = [f"{dotted(loc)}: {m}" for loc, m in semantic_problems(moved)]
+    if problems:
+        raise UsageError(
+            f"scenario {s.name} cannot run on an existing cluster: " + "; ".join(problems)
+        )
+
+
+def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say) -> Watcher:
+    count = len(rig.nodes) if s.job.nodes == "all" else int(s.job.nodes)
+    command = [
+        sys.executable, "-m", "recovery", "train", "--run-dir", str(rec.run_dir),
+        *s.training_args(), "--step-sleep", str(s.job.step_sleep),
+        "--compile-cache", str(compile_cache(cache)),
+    ]  # fmt: skip
+    out = rec.run_dir.parent
+    job_id = submit_training(
+        rig.slurm,
+        command,
+        sbatch_args=[f"--nodes={count}", f"--output={out}/job-%j.out", f"--chdir={out}"],
+    )
+    rec.job_id = job_id
+    say(f"job {job_id} submitted: {count} node(s), {s.job.model} to step {s.job.steps}, "
+        f"checkpoint every {s.job.save_every}")  # fmt: skip
+    return Watcher(rec.run_dir, job_id, rig.slurm, rig.client, say)
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """The run as it stood when the previous entry was done: triggers count from here."""
+
+    at: float | None
+    """Monotonic seconds; None before the first step (``after_s`` waits for it)."""
+    incidents: int
+    """Incidents known just before the previous entry was carried out."""
+    at_fault: int
+    """Incidents known just before the latest fault was injected (``incidents: closed``
+    waits for one opened after it)."""
+    started: int
+
+
+def _drive(
+    s: Scenario, rig: Rig, watch: Watcher, rec: rundir.RunRecord, deadline: float, say: Say
+) -> list[OperatorAnswer]:
+    answers: list[OperatorAnswer] = []
+    mark = _Mark(None, 0, 0, 0)
+    fault_node: str | None = None
+    for i, entry in enumerate(s.faults, 1):
+        when, since = entry.when, mark
+        what = f"entry {i} ({entry.label}) to trigger: {when.describe()}"
+        fatal_end = when.trigger[0] in ("step", "checkpoint", "job")
+        _wait(watch, deadline, what, partial(_fired, when, watch, since), fatal_end=fatal_end)
+        if when.delay_s:
+            until = time.monotonic() + when.delay_s
+            _wait(watch, deadline, f"{when.delay_s:g} s more", partial(_past, until))
+        # Counted before acting: an incident may open within milliseconds of the fault.
+        watch.poll(force=True)
+        before = len(watch.incidents)
+        done = carry_out(entry, rig, watch, fault_node, say)
+        rec.faults += done.faults
+        rec.notes += done.notes
+        if entry.fault is not None and done.node is not None:
+            fault_node = done.node
+        if done.answer is not None:
+            answers.append(OperatorAnswer(f"{entry.operator} {done.node or ''}".strip(),
+                                          entry.expect, done.answer, done.detail))  # fmt: skip
+        at_fault = before if entry.fault is not None else mark.at_fault
+        mark = _Mark(time.monotonic(), before, at_fault, watch.count("started"))
+    _wait(watch, deadline, "the job to end", lambda: watch.job is not None and watch.job.finished)
+    settle = min(deadline, time.monotonic() + SETTLE_S)
+    try:
+        _wait(watch, settle, "the incidents to close", lambda: _all_closed(watch))
+    except ScenarioTimeout:
+        still = [f"{i['id']} ({i.get('last_phase') or _last_phase(i)})" for i in watch.incidents
+                 if i["status"] != "closed"]  # fmt: skip
+        rec.notes.append(f"still open {SETTLE_S:g} s after the job ended: {', '.join(still)}")
+        say(f"incidents still open: {', '.join(still)}")
+    return answers
+
+
+def _fired(when: When, watch: Watcher, mark: _Mark) -> bool:
+    name, value = when.trigger
+    if name == "step":
+        return watch.max_step() >= int(str(value))
+    if name == "checkpoint":
+        return watch.newest_checkpoint() >= int(str(value))
+    if name == "after_s":
+        ref = mark.at if mark.at is not None else watch.first_step_seen
+        return ref is not None and time.monotonic() - ref >= float(str(value))
+    if name == "job":
+        return watch.requeued() if value == "requeued" else watch.count("started") > mark.started
+    incidents = watch.incidents
+    if value == "opened":
+        return len(incidents) > mark.incidents
+    if value == "acted":
+        fresh = incidents[mark.incidents :]
+        return any(ACTED & {p["name"] for p in i["phases"]} for i in fresh)
+    if value == "closed":
+        return len(incidents) > mark.at_fault and _all_closed(watch)
+    return any(p["name"] == "held" for i in incidents for p in i["phases"])
+
+
+def _past(mono: float) -> bool:
+    return time.monotonic() >= mono
+
+
+def _all_closed(watch: Watcher) -> bool:
+    return all(i["status"] == "closed" for i in watch.incidents)
+
+
+def _last_phase(incident: dict[str, Any]) -> str:
+    phases = sorted(incident.get("phases", []), key=lambda p: p["at"]["wall"])
+    return str(phases[-1]["name"]) if phases else "no phase"
+
+
+def _wait(
+    watch: Watcher,
+    deadline: float,
+    what: str,
+    done: Callable[[], bool],
+    *,
+    fatal_end: bool = False,
+    interval_s: float = 0.1,
+) -> None:
+    """Poll until ``done()``; ScenarioTimeout past ``deadline`` (monotonic). With
+    ``fatal_end``, a job that ended first makes the wait fail at once (it cannot come true)."""
+    while True:
+        watch.poll()
+        if done():
+            return
+        if fatal_end and watch.job is not None and watch.job.finished:
+            raise ScenarioTimeout(f"the job ended ({watch.job.state}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise ScenarioTimeout(f"timed out waiting for {what}")
+        time.sleep(interval_s)
+
+
+def _incidents(rig: Rig, watch: Watcher, rec: rundir.RunRecord) -> list[dict[str, Any]]:
+    """Every incident of the run as ``GET /v1/incidents/{id}`` returns it, oldest first."""
+    try:
+        summary = rig.client.get("/v1/incidents")
+        ordered = sorted(summary, key=lambda i: i["opened"]["wall"])
+        return [rig.client.get(f"/v1/incidents/{i['id']}") for i in ordered]
+    except RecoverError as e:
+        rec.notes.append(f"could not read the incidents from the coordinator: {e}")
+        return list(watch.incidents)
+
+
+def _node_states(rig: Rig, nodes: list[str]) -> dict[str, str]:
+    """``in-service``, ``spare`` or ``out`` for each of ``nodes``, as Slurm has them now."""
+    states = {}
+    for name in nodes:
+        node = rig.slurm.node(name)
+        states[name] = "spare" if is_spare(node) else "out" if node.out_of_service else "in-service"
+    return states
+
+
+def _report(
+    out: Path, rec: rundir.RunRecord, incidents: list[dict[str, Any]]
+) -> tuple[ReportSummary | None, str | None]:
+    """The report's summary, or None and why it could not be written (then a note in
+    ``run.json`` and a failed check: the run directory is this runner's to get right)."""
+    try:
+        return write_report(out), None
+    except Exception as e:  # the run's own checks must still be made and written
+        why = f"{type(e).__name__}: {e}"
+        rec.notes.append(f"the report failed: {why}")
+        rundir.write(out, rec, incidents)
+        return None, why

@@ -1,0 +1,419 @@
+"""The scenario file: what a YAML fault scenario may say, as pydantic models.
+
+A scenario is one training job on a test cluster, a list of things done to it in order (faults
+and operator actions), and what must be true at the end. Every key is optional unless marked
+*required*; an unknown key is an error that names it and lists the valid ones, and an error
+names the file, the line and the field path (``faults[1].via``). Example::
+
+    description: XID 79 on a job node; a spare replaces it
+    cluster: {nodes: 4, spares: 1}
+    job: {model: mlp-tiny, steps: 24, save_every: 4, step_sleep: 0.25}
+    faults:
+      - fault: xid79
+        node: job-node
+        via: kmsg
+        when: {checkpoint: 8}
+    expect:
+      max_steps_recomputed: 4
+      verdicts: [replace]
+      phases: {detection: 5, replacement: 30}
+
+Top level
+    ``name``: text (letters, digits, ``-``), default the file's name without ``.yaml``.
+    ``description``: one line (``recover scenario list`` shows it).
+    ``timeout_s``: seconds the whole run may take before it fails (default 300).
+
+``cluster`` - where it runs
+    ``nodes`` (default 4, 1-16) compute nodes ``node1..``; ``spares`` (default 1, 0-8) spares
+    ``spare1..`` held drained in the pool; ``slurmd_timeout_s`` (default 6): seconds before a
+    silent slurmd's node goes DOWN; ``cred_expire_s`` (default 10, at least 5: Slurm ignores
+    less): a requeued job waits this long + 1 s before it may start again; ``policy``: the
+    coordinator's policy file as a mapping (see :mod:`recovery.policy.config`; checked here).
+    The runner starts this local cluster, its coordinator and one agent per node, and stops
+    them afterwards. ``existing: {slurm_conf, coordinator, token_file, partition}`` runs on a
+    cluster that is already up instead (each default from ``$SLURM_CONF``,
+    ``$RECOVER_COORDINATOR``, ``$RECOVER_TOKEN_FILE``; partition: every partition); its agents
+    must run the ``inject`` source. ``slurmd-crash``, ``coordinator-kill`` and
+    ``crash_training`` need the local cluster.
+
+``job`` - the training job, *required*
+    ``steps`` *required* (final step), ``save_every`` *required* (checkpoint interval in
+    steps), ``model`` (default ``mlp-tiny``; a ``recover train --model`` preset), ``seed``
+    (default 0), ``step_sleep`` (seconds after each step, default 0.2), ``nodes``: how many
+    nodes the job asks for, default ``all`` = every in-service node of the partition, so once
+    a node is lost the job can only run again when a spare is promoted.
+
+``faults`` - *required*, carried out in order; each entry is a fault or an operator action
+    ``fault``: a fault code of the catalogue (``xid79``, ``gpu-lost``, ``tpu-runtime-error``,
+    ...; ``recovery/policy/catalogue.yaml`` lists them, and an unknown one is answered with
+    the list) or a special kind:
+
+    - ``slurmd-crash``: SIGKILL the node's slurmd and its job processes (a node losing power);
+      no agent reports anything, Slurm marks the node DOWN after ``slurmd_timeout_s``;
+    - ``checkpoint-corrupt``: flip one byte of the largest data file of the job's newest
+      checkpoint; ``checkpoint-truncate``: cut that file to half its size;
+    - ``coordinator-kill``: SIGKILL the coordinator and (``restart``, default true) start it
+      again on the same address.
+
+    ``operator``: ``repaired`` (``recover node repaired NODE``) or ``breaker-reset``
+    (``recover breaker reset``); ``expect: accepted|refused`` says how it must be answered.
+
+    ``node`` (where): ``job-node`` (default for faults: the node running the job's batch
+    step, so its training process), ``fault-node`` (the node of the previous fault; default
+    for ``repaired``) or a node's name. ``burst: N``: the same fault on N distinct job nodes
+    at once (job-node first). ``via``: ``agent`` (default: the agent's event pipeline) or
+    ``kmsg`` (an ``NVRM: Xid`` line in the node's kernel log, parsed by the agent; XIDs and
+    ``gpu-lost`` only); both go through ``POST /v1/inject``, the path of ``recover inject``.
+    ``gpu`` (0-7). ``repeat: {count, every_s, across_gpus}``: inject it ``count`` times,
+    ``every_s`` seconds apart, on GPU 0, 1, ... when ``across_gpus`` (else the agent folds
+    the repeats). ``crash_training``: just before the fault, SIGKILL the job's training
+    process and hold its batch shell (SIGSTOP), as a GPU falling off the bus kills the process
+    and hangs the job until the node is taken out; default true for faults the catalogue says
+    cannot save (``xid79``, ``gpu-lost``), false otherwise (then the job saves on its way out).
+
+    ``when`` (default ``{after_s: 0}``), exactly one of: ``step: N`` (the job finished step
+    N), ``checkpoint: N`` (a checkpoint of step N or later is durable), ``after_s: S`` (S
+    seconds after the previous entry; the first entry counts from the job's first step),
+    ``job: requeued`` (the job is back in the queue and its training process has exited) or
+    ``job: restarted`` (training started again), ``incidents: opened|acted|closed|held`` (an
+    incident opened since the previous entry; one of those took its first Slurm action; one
+    opened after the latest fault and all are closed; one is held by the breaker).
+    ``delay_s`` waits that much longer.
+
+``expect`` - checked at the end; a failed one names itself and by how much
+    ``completes`` (default true): the job completed; ``digest_matches_control`` (default
+    true): its final state digest equals an uninterrupted run's (computed once per training
+    configuration and cached); ``max_steps_recomputed: K``; ``min_fallbacks: N`` (damaged
+    checkpoints skipped on restore); ``incidents: N`` (opened); ``verdicts: [...]`` (of the
+    incidents, in order opened); ``incident_phases: [...]`` (journal phases some incident
+    reached, e.g. ``no-spare``, ``jobs-saved``); ``held: N`` (incidents the breaker held);
+    ``out_of_service: [nodes]`` (out of service at the end, not back in the pool);
+    ``in_service: [nodes]`` (in service at the end: kept, or returned and promoted);
+    ``phases: {name: seconds}``: budgets for the report's phases of every incident
+    (``detection``, ``take_out``, ``requeue_wait``, ``replacement``, ``job_restart``,
+    ``restore``, ``warmup``, ``recompute``, ``no_progress``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from recovery.errors import UsageError, unknown_choice
+from recovery.model import Verdict
+
+#: Things a scenario can do besides injecting a catalogue fault through an agent.
+SPECIAL_FAULTS: dict[str, str] = {
+    "slurmd-crash": "SIGKILL the node's slurmd and its job processes; no agent event",
+    "checkpoint-corrupt": "flip one byte in the newest checkpoint's largest data file",
+    "checkpoint-truncate": "cut the newest checkpoint's largest data file to half",
+    "coordinator-kill": "SIGKILL the coordinator, then start it again on the same address",
+}
+#: The report's per-incident phases (``recovery.report.PHASES``), the keys of
+#: ``expect.phases``; a Literal so that a misspelt one is answered with the valid names.
+PhaseName = Literal[
+    "detection",
+    "take_out",
+    "requeue_wait",
+    "replacement",
+    "job_restart",
+    "restore",
+    "warmup",
+    "recompute",
+    "no_progress",
+]
+PHASES: tuple[str, ...] = get_args(PhaseName)
+JOB_NODE = "job-node"
+FAULT_NODE = "fault-node"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+@functools.cache
+def catalogue_faults() -> tuple[str, ...]:
+    """The fault codes the coordinator accepts for injection (the packaged catalogue's)."""
+    from recovery.policy import load_catalogue
+
+    return tuple(load_catalogue().known())
+
+
+@functools.cache
+def cannot_save(fault: str) -> bool:
+    """True for a catalogue fault whose jobs cannot checkpoint on the way out (xid79)."""
+    from recovery.policy import load_catalogue
+
+    spec = load_catalogue().lookup(fault)
+    return spec is not None and not spec.can_save
+
+
+def _one_line(value: object) -> object:
+    if isinstance(value, str) and ("\n" in value.strip()):
+        raise ValueError("expected one line of text")
+    return value.strip() if isinstance(value, str) else value
+
+
+def _nodes_wanted(value: object) -> object:
+    if value == "all" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f"expected 'all' or a whole number >= 1, got {value!r}")
+
+
+OneLine = Annotated[str, BeforeValidator(_one_line)]
+NodesWanted = Annotated[int | str, BeforeValidator(_nodes_wanted)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExistingCluster(_Strict):
+    """A cluster that is already up: its slurm.conf, its coordinator and the admin token."""
+
+    slurm_conf: str | None = None
+    """Path of slurm.conf; default ``$SLURM_CONF``."""
+    coordinator: str | None = None
+    """The coordinator's URL; default ``$RECOVER_COORDINATOR``."""
+    token_file: str | None = None
+    """Tokens file with the admin token; default ``$RECOVER_TOKEN_FILE``."""
+    partition: str | None = None
+    """Partition whose in-service nodes the job asks for; default every partition."""
+
+
+class ClusterSpec(_Strict):
+    """The local cluster to start (or ``existing``: one that runs already)."""
+
+    nodes: Annotated[int, Field(ge=1, le=16)] = 4
+    spares: Annotated[int, Field(ge=0, le=8)] = 1
+    slurmd_timeout_s: Annotated[int, Field(ge=2, le=300)] = 6
+    cred_expire_s: Annotated[int, Field(ge=5, le=300)] = 10
+    policy: dict[str, Any] | None = None
+    existing: ExistingCluster | None = None
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_loads(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_policy(value)
+        return value
+
+
+def check_policy(policy: dict[str, Any]) -> None:
+    """Raise ValueError with the policy loader's message when ``policy`` is not a valid
+    policy file (it is read exactly as the coordinator will read it)."""
+    from recovery.policy import load_policy_config
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "policy.yaml"
+        path.write_text(yaml.safe_dump(policy))
+        try:
+            load_policy_config(path)
+        except UsageError as e:
+            raise ValueError(str(e).replace(f"{path}: ", "").replace(str(path), "policy")) from e
+
+
+class JobSpec(_Strict):
+    """The training job (``recover train`` under ``recover sbatch``)."""
+
+    steps: Annotated[int, Field(ge=1, le=100_000)]
+    save_every: Annotated[int, Field(ge=1)]
+    model: str = "mlp-tiny"
+    seed: Annotated[int, Field(ge=0)] = 0
+    step_sleep: Annotated[float, Field(ge=0, le=10)] = 0.2
+    nodes: NodesWanted = "all"
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        from recovery.train.model import MODELS  # imports jax: only when a file is loaded
+
+        if value not in MODELS:
+            raise ValueError(str(unknown_choice("model", value, MODELS)))
+        return value
+
+
+TRIGGERS = ("step", "checkpoint", "after_s", "job", "incidents")
+
+
+class When(_Strict):
+    """When an entry is carried out: exactly one trigger, then ``delay_s`` more seconds."""
+
+    step: Annotated[int, Field(ge=1)] | None = None
+    checkpoint: Annotated[int, Field(ge=1)] | None = None
+    after_s: Annotated[float, Field(ge=0)] | None = None
+    job: Literal["requeued", "restarted"] | None = None
+    incidents: Literal["opened", "acted", "closed", "held"] | None = None
+    delay_s: Annotated[float, Field(ge=0, le=600)] = 0.0
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> When:
+        given = [t for t in TRIGGERS if getattr(self, t) is not None]
+        if len(given) != 1:
+            got = ", ".join(given) or "none"
+            raise ValueError(f"give exactly one of {', '.join(TRIGGERS)} (got {got})")
+        return self
+
+    @property
+    def trigger(self) -> tuple[str, object]:
+        """``(name, value)`` of the one trigger given."""
+        name = next(t for t in TRIGGERS if getattr(self, t) is not None)
+        return name, getattr(self, name)
+
+    def describe(self) -> str:
+        name, value = self.trigger
+        text = f"{name} {value}" if name != "after_s" else f"{value:g} s later"
+        return text + (f" + {self.delay_s:g} s" if self.delay_s else "")
+
+
+class Repeat(_Strict):
+    """Inject the same fault ``count`` times, ``every_s`` seconds apart."""
+
+    count: Annotated[int, Field(ge=2, le=1000)]
+    every_s: Annotated[float, Field(ge=0, le=60)] = 0.2
+    across_gpus: bool = False
+
+
+class Entry(_Strict):
+    """One thing the scenario does: a fault (``fault``) or an operator action (``operator``)."""
+
+    fault: str | None = None
+    operator: Literal["repaired", "breaker-reset"] | None = None
+    node: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")] | None = None
+    burst: Annotated[int, Field(ge=2, le=16)] | None = None
+    via: Literal["agent", "kmsg"] | None = None
+    gpu: Annotated[int, Field(ge=0, le=7)] | None = None
+    repeat: Repeat | None = None
+    crash_training: bool | None = None
+    restart: bool | None = None
+    expect: Literal["accepted", "refused"] | None = None
+    when: When = When(after_s=0)
+
+    @field_validator("fault")
+    @classmethod
+    def _known_fault(cls, value: str | None) -> str | None:
+        if value is not None and value not in SPECIAL_FAULTS and value not in catalogue_faults():
+            known = [*catalogue_faults(), *SPECIAL_FAULTS]
+            raise ValueError(str(unknown_choice("fault", value, known)))
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Entry:
+        if (self.fault is None) == (self.operator is None):
+            raise ValueError("give exactly one of fault (what to break) or operator (what to do)")
+        injected = self.fault is not None and self.fault not in SPECIAL_FAULTS
+        only = {
+            "burst": injected,
+            "via": injected,
+            "gpu": injected,
+            "repeat": injected,
+            "crash_training": injected,
+            "restart": self.fault == "coordinator-kill",
+            "expect": self.operator is not None,
+        }
+        for key, allowed in only.items():
+            if getattr(self, key) is not None and not allowed:
+                raise ValueError(f"{key} does not apply to {self.label}")
+        if self.node is not None and self.where_default is None:
+            raise ValueError(f"node does not apply to {self.label}")
+        if self.via == "kmsg" and self.fault is not None:
+            from agents.follow import format_fault_line
+
+            try:
+                format_fault_line(self.fault, "00000000:00:00.0")
+            except ValueError as e:
+                raise ValueError(f"{e} (via kmsg writes kernel XID lines only)") from e
+        if self.burst is not None and self.node not in (None, JOB_NODE):
+            raise ValueError("burst picks job nodes itself; leave node out (or job-node)")
+        return self
+
+    @property
+    def label(self) -> str:
+        """What the entry does, in a word or two: ``xid79``, ``operator repaired``."""
+        return self.fault if self.fault is not None else f"operator {self.operator}"
+
+    @property
+    def where_default(self) -> str | None:
+        """Where the entry acts when ``node`` is not given; None when no node applies."""
+        if self.fault in ("checkpoint-corrupt", "checkpoint-truncate", "coordinator-kill"):
+            return None
+        if self.operator == "breaker-reset":
+            return None
+        return FAULT_NODE if self.operator == "repaired" else JOB_NODE
+
+    @property
+    def where(self) -> str | None:
+        """The node spec in effect (defaults applied); None when no node applies."""
+        return self.node if self.node is not None else self.where_default
+
+    @property
+    def path(self) -> str:
+        """How the fault travels: ``agent``, ``kmsg``, ``slurmd-kill``, ``file``, ``sigkill``."""
+        if self.fault == "slurmd-crash":
+            return "slurmd-kill"
+        if self.fault in ("checkpoint-corrupt", "checkpoint-truncate"):
+            return "file"
+        if self.fault == "coordinator-kill":
+            return "sigkill"
+        if self.operator is not None:
+            return "api"
+        return self.via or "agent"
+
+    @property
+    def kills_training(self) -> bool:
+        """Whether the training process is SIGKILLed just before the fault (see the module
+        docstring: default from the catalogue's ``can_save``)."""
+        if self.fault is None or self.fault in SPECIAL_FAULTS:
+            return False
+        return cannot_save(self.fault) if self.crash_training is None else self.crash_training
+
+
+class Expectations(_Strict):
+    """What must hold at the end of the run."""
+
+    completes: bool = True
+    digest_matches_control: bool = True
+    max_steps_recomputed: Annotated[int, Field(ge=0)] | None = None
+    min_fallbacks: Annotated[int, Field(ge=0)] | None = None
+    incidents: Annotated[int, Field(ge=0)] | None = None
+    verdicts: list[Verdict] | None = None
+    incident_phases: list[Annotated[str, Field(pattern=r"^[a-z][a-z-]*$")]] | None = None
+    held: Annotated[int, Field(ge=0)] | None = None
+    out_of_service: list[str] | None = None
+    in_service: list[str] | None = None
+    phases: dict[PhaseName, Annotated[float, Field(gt=0)]] | None = None
+
+
+class Scenario(_Strict):
+    """One scenario file."""
+
+    name: str
+    description: OneLine = ""
+    cluster: ClusterSpec = ClusterSpec()
+    job: JobSpec
+    faults: Annotated[list[Entry], Field(min_length=1)]
+    expect: Expectations = Expectations()
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 300.0
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"expected lower-case letters, digits and '-', got {value!r}")
+        return value
+
+    @property
+    def local(self) -> bool:
+        """True when the runner starts (and stops) a local cluster for it."""
+        return self.cluster.existing is None
+
+    def training_args(self) -> list[str]:
+        """The ``recover train`` options the job's configuration gives (no run dir)."""
+        j = self.job
+        return [
+            "--steps", str(j.steps), "--save-every", str(j.save_every), "--model", j.model,
+            "--seed", str(j.seed),
+        ]  # fmt: skip

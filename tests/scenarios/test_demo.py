@@ -1,0 +1,46 @@
+"""``recover demo`` as a user runs it (shortened with ``--steps``): the xid79 scenario on a
+4-node + 1-spare local cluster with the coordinator, an agent per node and a JAX training job,
+ending with what the failure cost and where the timeline is."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.slurm.helpers import require_local_slurm
+
+pytestmark = pytest.mark.slurm
+
+
+def test_recover_demo_ends_with_the_cost_of_the_failure(
+    control_cache: Path, tmp_path: Path
+) -> None:
+    require_local_slurm()
+    out = tmp_path / "demo"
+    done = subprocess.run(
+        [sys.executable, "-m", "recovery", "demo", "--steps", "30", "--out", str(out),
+         "--cache", str(control_cache)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = done.stdout
+    assert "cluster up: nodes node1, node2, node3, node4; spares spare1" in text
+    assert "injected xid79 on node" in text
+    assert "scenario xid79: PASSED" in text
+    assert "ok   digest_matches_control" in text
+    tail = text.split("scenario xid79: PASSED", 1)[1]
+    if importlib.util.find_spec("recovery.report") is not None:
+        assert "lost progress:" in tail
+        assert "replacement" in tail
+        png = Path(tail.rsplit("timeline: ", 1)[1].split()[0])
+        assert png == out.absolute() / "timeline.png"
+        assert png.stat().st_size > 0
+    else:
+        assert "the journal's phases instead of the report" in tail
+        assert "node-down" in tail
+        assert "lost progress:" in tail
+    assert (out / "run.json").exists()

@@ -1,0 +1,89 @@
+"""Shipped scenarios run for real: a local Slurm cluster (munged, slurmctld, one slurmd per
+node), the coordinator, one agent per node and a JAX training job, each started by the runner
+and stopped afterwards. The default tier runs a few (``recover demo`` covers xid79); the full
+matrix is marked ``slow``.
+
+Each runs as a user runs it: ``recover scenario run NAME --json``. Phase budgets are reported,
+not enforced (``--no-budgets``): no timed assertions.
+Everything else a scenario expects is checked, and the run directory's format with it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recovery.service import agents_proc, process
+from scenarios.loader import find, shipped
+from slurm import procs
+from tests.slurm.helpers import require_local_slurm
+
+pytestmark = pytest.mark.slurm
+
+RECOVER = [sys.executable, "-m", "recovery"]
+#: Run in the default tier (besides `recover demo`, which is the xid79 scenario).
+DEFAULT_TIER = ("xid48-xid63", "checkpoint-corrupt")
+RUN_KEYS = {"format", "scenario", "started", "finished", "cluster", "job", "faults",
+            "control_digest", "final_digest", "notes"}  # fmt: skip
+
+
+def _matrix() -> list[Any]:
+    slow = pytest.mark.slow
+    return [
+        pytest.param(n, marks=() if n in DEFAULT_TIER else slow)
+        for n in (x.scenario.name for x in shipped())
+    ]
+
+
+@pytest.mark.parametrize("name", _matrix())
+def test_shipped_scenario_passes(name: str, control_cache: Path, tmp_path: Path) -> None:
+    require_local_slurm()
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [*RECOVER, "scenario", "run", name, "--out", str(out), "--cache", str(control_cache),
+         "--json", "--no-budgets"],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    result = json.loads(done.stdout)
+    assert (result["scenario"], result["passed"], result["out"]) == (name, True, str(out))
+    unchecked = [c for c in result["checks"] if c["ok"] is None]
+    assert all(c["name"].startswith("phases.") for c in unchecked), unchecked
+    assert "injected" in done.stderr or "SIGKILLed" in done.stderr  # progress went to stderr
+    _check_run_dir(out, name)
+    assert (out / "report.md").exists()
+    assert result["timeline"] == str(out / "timeline.png")
+    _check_nothing_left(Path(result["cluster_root"]))
+    assert (out / "cluster" / "slurm" / "log").is_dir()  # the logs stay with the run
+
+
+def _check_run_dir(out: Path, name: str) -> None:
+    doc = json.loads((out / "run.json").read_text())
+    assert set(doc) == RUN_KEYS
+    assert (doc["format"], doc["scenario"]) == (1, name)
+    assert doc["started"] < doc["finished"]
+    assert doc["final_digest"] == doc["control_digest"] is not None
+    assert set(doc["job"]) == {"id", "nodes", "steps", "save_every", "model", "run_dir"}
+    assert doc["job"]["nodes"]
+    assert set(doc["job"]["nodes"]) <= set(doc["cluster"]["nodes"])
+    for fault in doc["faults"]:
+        assert {"fault", "node", "via", "at"} <= set(fault)
+        assert doc["started"] <= fault["at"] <= doc["finished"]
+    incidents = json.loads((out / "incidents.json").read_text())
+    assert incidents
+    assert all({"id", "phases", "actions", "events"} <= set(i) for i in incidents)
+    job_events = Path(doc["job"]["run_dir"]) / "events.jsonl"
+    assert (out / "events.jsonl").read_text() == job_events.read_text()
+    assert (out / "scenario.yaml").read_text() == find(name).text
+    assert json.loads((out / "result.json").read_text())["passed"] is True
+
+
+def _check_nothing_left(cluster: Path) -> None:
+    assert procs.cluster_processes(str(cluster / "slurm")) == set()
+    assert agents_proc.running(cluster / "coordinator") == {}
+    assert process.read_endpoint(cluster / "coordinator") is None

@@ -1,0 +1,170 @@
+"""Scenario files: every shipped one loads; a malformed one is answered with the file, the line,
+the field path and what is valid, for every kind of mistake the schema can catch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scenarios.loader import ScenarioFileError, find, load_file, load_text, shipped
+from scenarios.schema import PHASES, SPECIAL_FAULTS, Entry
+
+RECOVER = [sys.executable, "-m", "recovery"]
+
+GOOD = """\
+description: a test
+cluster: {nodes: 3, spares: 1}
+job:
+  steps: 20
+  save_every: 4
+faults:
+  - fault: xid79
+    when: {step: 4}
+"""
+
+
+def _error(text: str) -> str:
+    with pytest.raises(ScenarioFileError) as e:
+        load_text(text, "s.yaml", default_name="s")
+    return str(e.value)
+
+
+def test_every_shipped_scenario_loads_and_describes_itself() -> None:
+    found = shipped()
+    names = {x.scenario.name for x in found}
+    assert {"xid79", "xid94", "slurmd-crash", "breaker-burst", "no-spare"} <= names
+    for x in found:
+        assert x.scenario.description, f"{x.path} has no description"
+        assert x.path is not None
+        assert x.scenario.name == x.path.stem
+
+
+def test_a_good_file_loads_with_its_defaults() -> None:
+    s = load_text(GOOD, "s.yaml", default_name="s")
+    assert (s.name, s.job.nodes, s.job.model, s.cluster.cred_expire_s) == (
+        "s",
+        "all",
+        "mlp-tiny",
+        10,
+    )
+    (entry,) = s.faults
+    assert (entry.where, entry.path, entry.kills_training) == ("job-node", "agent", True)
+    assert entry.when.trigger == ("step", 4)
+    assert s.expect.completes
+    assert s.expect.digest_matches_control
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "where", "says"),
+    [
+        (GOOD.replace("xid79", "xid99"), 7, "faults[0].fault",
+         ["Unknown fault 'xid99'. Known: ", "xid79", "gpu-lost", "slurmd-crash"]),
+        (GOOD + "    via: kmesg\n", 9, "faults[0].via", ["'agent' or 'kmsg'", "got 'kmesg'"]),
+        (GOOD.replace("  steps: 20", "  stepz: 20"), 4, "job.stepz",
+         ["unknown key 'stepz'. Valid keys: model, nodes, save_every, seed, step_sleep, steps"]),
+        (GOOD.replace("  steps: 20\n", ""), 3, "job.steps", ["required, but missing"]),
+        ("descripton: x\n" + GOOD, 1, "descripton",
+         ["unknown key 'descripton'. Valid keys: cluster, description, expect, faults, job"]),
+        (GOOD.replace("{step: 4}", "{step: 4, checkpoint: 4}"), 8, "faults[0].when",
+         ["give exactly one of step, checkpoint, after_s, job, incidents (got step, checkpoint)"]),
+        (GOOD.replace("{step: 4}", "{job: crashed}"), 8, "faults[0].when.job",
+         ["'requeued' or 'restarted'", "got 'crashed'"]),
+        (GOOD + "expect:\n  verdicts: [replace, reboot]\n", 10, "expect.verdicts[1]",
+         ["'ignore', 'restart-app', 'drain-reset' or 'replace'", "got 'reboot'"]),
+        (GOOD + "expect:\n  phases: {detecton: 4}\n", 10, "expect.phases.detecton",
+         ["'detection'", "'no_progress'", "got 'detecton'"]),
+        (GOOD.replace("  save_every: 4", "  save_every: 4\n  model: mlp-huge"), 6, "job.model",
+         ["Unknown model 'mlp-huge'. Known: mlp-1g, mlp-medium, mlp-small, mlp-tiny"]),
+        (GOOD.replace("{nodes: 3, spares: 1}", "{nodes: 3, policy: {breaker: {max_fraction: 2}}}"),
+         2, "cluster.policy", ["max_fraction: expected a fraction 0-1, got 2"]),
+        (GOOD.replace("{nodes: 3, spares: 1}", "{nodes: 3, cred_expire_s: 2}"), 2,
+         "cluster.cred_expire_s", ["greater than or equal to 5"]),
+        (GOOD + "    node: node9\n", 9, "faults[0].node",
+         ["Unknown node 'node9'. Known: fault-node, job-node, node1, node2, node3, spare1"]),
+        (GOOD.replace("xid79", "tpu-runtime-error") + "    via: kmsg\n", 7, "faults[0]",
+         ["cannot write a kernel line for fault 'tpu-runtime-error'", "XID lines only"]),
+        (GOOD + "    operator: repaired\n", 7, "faults[0]",
+         ["give exactly one of fault (what to break) or operator (what to do)"]),
+        (GOOD + "  - fault: checkpoint-corrupt\n    node: node1\n", 9, "faults[1]",
+         ["node does not apply to checkpoint-corrupt"]),
+        (GOOD + "  - operator: repaired\n    via: kmsg\n", 9, "faults[1]",
+         ["via does not apply to operator repaired"]),
+        (GOOD + "    burst: 4\n", 9, "faults[0].burst", ["4 nodes, but the job runs on 3"]),
+        (GOOD.replace("{nodes: 3, spares: 1}", "{existing: {}}").replace("xid79", "slurmd-crash"),
+         7, "faults[0].fault", ["slurmd-crash needs the local cluster"]),
+        (GOOD + "expect:\n  out_of_service: [node7]\n", 10, "expect.out_of_service[0]",
+         ["Unknown node 'node7'. Known: node1, node2, node3, spare1"]),
+        (GOOD.replace("job:\n", "job: [1]\njob2:\n"), 3, "job", ["valid dictionary"]),
+    ],
+)  # fmt: skip
+def test_a_malformed_file_names_line_field_and_choices(
+    text: str, line: int, where: str, says: list[str]
+) -> None:
+    message = _error(text)
+    prefix = f"s.yaml:{line}: {where}: "
+    found = [ln for ln in message.splitlines() if ln.startswith(prefix)]
+    assert found, message
+    for part in says:
+        assert part in found[0]
+
+
+def test_every_problem_is_listed_one_line_each() -> None:
+    text = GOOD.replace("xid79", "xid99") + "    via: kmesg\n    colour: red\n"
+    lines = _error(text).splitlines()
+    assert [ln.split(": ")[1] for ln in lines] == ["faults[0].fault", "faults[0].via",
+                                                  "faults[0].colour"]  # fmt: skip
+    assert lines[2] == (
+        "s.yaml:10: faults[0].colour: unknown key 'colour'. Valid keys: burst, crash_training, "
+        "expect, fault, gpu, node, operator, repeat, restart, via, when"
+    )
+
+
+def test_not_yaml_and_not_a_mapping_are_named_too() -> None:
+    assert _error("job: {steps: 4\nfaults: []\n").startswith("s.yaml:2: not valid YAML:")
+    assert _error("- just\n- a list\n") == "s.yaml:1: expected a mapping of scenario keys, got list"
+    assert "got an empty file" in _error("")
+
+
+def test_the_docs_list_every_phase_and_special_fault() -> None:
+    from scenarios import schema
+
+    doc = schema.__doc__ or ""
+    for name in (*PHASES, *SPECIAL_FAULTS):
+        assert f"``{name}``" in doc, name
+    user_doc = (Path(__file__).parents[2] / "docs" / "scenarios.md").read_text()
+    for name in (*PHASES, *SPECIAL_FAULTS, *Entry.model_fields):
+        assert f"`{name}`" in user_doc, name
+
+
+def test_find_takes_a_shipped_name_or_a_file(tmp_path: Path) -> None:
+    assert find("xid79").scenario.name == "xid79"
+    path = tmp_path / "mine.yaml"
+    path.write_text(GOOD)
+    assert find(str(path)).scenario.name == "mine"
+    with pytest.raises(Exception, match=r"Unknown scenario .*'xid7'. Known: .*xid79"):
+        find("xid7")
+    with pytest.raises(ScenarioFileError, match="no such file"):
+        find(str(tmp_path / "absent.yaml"))
+    assert load_file(path).text == GOOD
+
+
+def test_the_cli_refuses_a_malformed_file_with_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(GOOD.replace("xid79", "xid99"))
+    done = subprocess.run([*RECOVER, "scenario", "run", str(path)], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"{path}:7: faults[0].fault: Unknown fault 'xid99'. Known: " in done.stderr
+
+
+def test_the_cli_lists_the_shipped_scenarios() -> None:
+    done = subprocess.run([*RECOVER, "scenario", "list"], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = done.stdout.splitlines()
+    assert rows[0].split() == ["NAME", "DESCRIPTION"]
+    for x in shipped():
+        assert any(r.split(maxsplit=1) == [x.scenario.name, x.scenario.description] for r in rows)
