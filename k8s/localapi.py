@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import time
 import urllib.error
@@ -193,7 +192,7 @@ class LocalApiServer:
         for log in (d / "log").glob("*.log"):
             log.unlink()
         pki = make_pki(d / "pki")
-        etcd_port, peer_port, api_port = _free_ports(3)
+        etcd_port, peer_port, api_port = proc.free_ports(3)
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         info = ApiServerInfo(d, f"https://127.0.0.1:{api_port}", etcd_url, {})
@@ -339,16 +338,3 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def _free_ports(count: int) -> list[int]:
-    # All sockets stay open until every port is chosen, so none is handed out twice; another
-    # program may still take one before our daemon binds it (start() retries that case).
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()

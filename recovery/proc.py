@@ -1,13 +1,15 @@
-"""Processes by pid: start one detached with its output in a log, tell whether one still runs.
+"""Processes by pid: start one detached with its output in a log, tell whether one still runs;
+and free loopback ports for the daemons they run.
 
-Shared by the local Slurm cluster's daemons, the coordinator started in the background, and
-the local node agents.
+Shared by the local Slurm cluster's daemons, the local API server (etcd, kube-apiserver), the
+coordinator started in the background, and the local node agents.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -69,3 +71,22 @@ def reap(pid: int) -> None:
     # exit; daemons started by an earlier `recover cluster up` belong to init, which reaps them.
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports on ``host`` that were free a moment ago.
+
+    All sockets stay open until every port is chosen, so none is handed out twice; another
+    program may still take one before the daemon binds it (callers that start daemons on them
+    retry, or fail naming the port).
+    """
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from recovery import fsutil
+from recovery import fsutil, proc
 from recovery.errors import (
     ClusterError,
     RecoverError,
@@ -171,7 +171,7 @@ class LocalCluster:
         mpaths = munge.choose_home(d)
         munge.prepare(mpaths)
         env = {**os.environ, "SLURM_CONF": str(self.conf_path), procs.MARKER_ENV: str(d)}
-        ports = _free_ports(1 + len(names) + len(spare_names))
+        ports = proc.free_ports(1 + len(names) + len(spare_names))
         layout = ClusterLayout(
             state_dir=d,
             hostname=socket.gethostname(),
@@ -242,7 +242,7 @@ class LocalCluster:
             self._record(replace(info, pids=pids))
 
         endpoint = restd.launch(
-            self.state_dir, info.conf_path, _free_ports(1)[0], record,
+            self.state_dir, info.conf_path, proc.free_ports(1)[0], record,
             timeout_s=timeout_s, clock=self._clock, sleep=self._sleep,
         )  # fmt: skip
         restd.save_endpoint(self.state_dir, endpoint)
@@ -403,16 +403,3 @@ def _ready(node: NodeInfo, *, spare: bool) -> bool:
     return node.drained if spare else not node.flags
 
 
-def _free_ports(count: int) -> list[int]:
-    # Ask the kernel for free ports; all sockets stay open until every port is chosen so no
-    # port is handed out twice. A race with another program in between is possible but rare.
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
