@@ -90,3 +90,13 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of the log at ``path`` (for error messages); ``(no log)``
+    when it cannot be read."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recovery.errors import ClusterError
+from recovery.proc import log_tail
 
 MUNGE_USER = "munge"
 # sun_path holds 108 bytes including the NUL; stay well below it.
@@ -152,7 +153,7 @@ def start(paths: MungePaths, env: dict[str, str], timeout_s: float = 10.0) -> in
     if proc.returncode != 0:
         raise ClusterError(
             f"munged failed to start (exit {proc.returncode}): {proc.stderr.strip()}\n"
-            f"log {paths.log}:\n{_tail(paths.log)}"
+            f"log {paths.log}:\n{log_tail(paths.log)}"
         )
     try:
         return int(paths.pid_file.read_text().strip())
@@ -165,9 +166,3 @@ def remove(paths: MungePaths, state_dir: Path) -> None:
     if state_dir not in paths.home.parents:
         shutil.rmtree(paths.home, ignore_errors=True)
 
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery import fsutil
+from recovery import fsutil, proc
 from recovery.errors import ClusterError, SlurmNotInstalledError
 from slurm import procs
 from slurm.cli_slurm import INSTALL_HINT
@@ -217,14 +217,14 @@ def start(
     deadline = clock() + timeout_s
     while True:
         if not procs.alive(pid):
-            raise ClusterError(f"slurmrestd exited during start;\n{_tail(log)}")
+            raise ClusterError(f"slurmrestd exited during start;\n{proc.log_tail(log)}")
         last = _listens(listen)
         if last is None:
             return pid
         if clock() > deadline:
             procs.stop([pid], sleep=sleep, clock=clock)
             raise ClusterError(
-                f"slurmrestd not ready within {timeout_s:g} s ({last});\n{_tail(log)}"
+                f"slurmrestd not ready within {timeout_s:g} s ({last});\n{proc.log_tail(log)}"
             )
         sleep(0.1)
 
@@ -301,9 +301,3 @@ def remove(paths: RestPaths, state_dir: Path) -> None:
     if state_dir not in paths.home.parents:
         shutil.rmtree(paths.home, ignore_errors=True)
 
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

@@ -23,6 +23,7 @@ import httpx
 from recovery.errors import CoordinatorUnavailableError, RecoverError
 from recovery.fsutil import atomic_write
 from recovery.proc import alive, spawn
+from recovery.proc import log_tail as _log_tail
 
 #: Written by a serving coordinator into its state dir.
 ENDPOINT_FILE = "coordinator.json"
@@ -143,8 +144,4 @@ def stop(
 
 def log_tail(state_dir: Path, lines: int = 15) -> str:
     """The last lines of the coordinator's log (for error messages)."""
-    try:
-        text = (state_dir / LOG_FILE).read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
+    return _log_tail(state_dir / LOG_FILE, lines)
