@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 
@@ -29,11 +28,12 @@ def test_sbatch_without_a_command_says_how(capsys: pytest.CaptureFixture[str]) -
 
 @pytest.mark.slurm
 def test_cluster_lifecycle_is_idempotent(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     if any(shutil.which(p) is None for p in REQUIRED_PROGRAMS):
         pytest.skip("Slurm or munge not installed (apt-get install -y slurm-wlm munge)")
-    state = tmp_path / "state"
+    # Not tmp_path: its folder is named after this test, too deep for slurmstepd's sockets.
+    state = tmp_path_factory.mktemp("cli")
     opts = ["--state-dir", str(state)]
     try:
         assert main(["cluster", "up", "--nodes", "2", "--spares", "1", *opts]) == 0
