@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scenarios.schema import PHASES
+from recovery.report.phases import PHASES
 
 if TYPE_CHECKING:
     from recovery.report import Report

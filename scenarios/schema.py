@@ -100,13 +100,14 @@ import functools
 import re
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from recovery.errors import UsageError, unknown_choice
 from recovery.model import Verdict
+from recovery.report.phases import PhaseName
 
 #: Things a scenario can do besides injecting a catalogue fault through an agent.
 SPECIAL_FAULTS: dict[str, str] = {
@@ -115,20 +116,6 @@ SPECIAL_FAULTS: dict[str, str] = {
     "checkpoint-truncate": "cut the newest checkpoint's largest data file to half",
     "coordinator-kill": "SIGKILL the coordinator, then start it again on the same address",
 }
-#: The report's per-incident phases (``recovery.report.PHASES``), the keys of
-#: ``expect.phases``; a Literal so that a misspelt one is answered with the valid names.
-PhaseName = Literal[
-    "detection",
-    "take_out",
-    "requeue_wait",
-    "replacement",
-    "job_restart",
-    "restore",
-    "warmup",
-    "recompute",
-    "no_progress",
-]
-PHASES: tuple[str, ...] = get_args(PhaseName)
 JOB_NODE = "job-node"
 FAULT_NODE = "fault-node"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from recovery.report.processes import Fallback, Process
 from recovery.report.run import Fault, Incident, RunRecord
 
-#: The phases of every incident, in the order reports show them.
-PHASES = (
+#: The phases of every incident, in the order reports show them; a Literal so that a
+#: scenario's ``expect.phases`` can answer a misspelt one with the valid names.
+PhaseName = Literal[
     "detection",
     "take_out",
     "requeue_wait",
@@ -31,7 +33,8 @@ PHASES = (
     "warmup",
     "recompute",
     "no_progress",
-)
+]
+PHASES: tuple[str, ...] = get_args(PhaseName)
 #: How much earlier than the coordinator's record an injection may be matched to an incident.
 MATCH_WINDOW_S = 600.0
 

@@ -9,9 +9,10 @@ from typing import Any
 from recovery.model import Verdict
 from recovery.report import PHASES as REPORT_PHASES
 from recovery.report import build_report, load_run
+from recovery.report.phases import PHASES
 from scenarios.expect import Check, OperatorAnswer, Outcome, Progress, check, progress
 from scenarios.reporting import IncidentCost, ReportSummary, summarize
-from scenarios.schema import PHASES, Expectations
+from scenarios.schema import Expectations
 
 DIGEST = "ab" * 16
 SAMPLES = Path(__file__).parents[1] / "report" / "samples"

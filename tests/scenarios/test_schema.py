@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from recovery.report.phases import PHASES
 from scenarios.loader import ScenarioFileError, find, load_file, load_text, shipped
-from scenarios.schema import PHASES, SPECIAL_FAULTS, Entry
+from scenarios.schema import SPECIAL_FAULTS, Entry
 
 RECOVER = [sys.executable, "-m", "recovery"]
 
