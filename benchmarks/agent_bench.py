@@ -48,14 +48,14 @@ from agents.inject import simulated_bus
 from agents.kmsg import kmsg_event_id, parse_line
 from recovery.coordinator.engine import Engine
 from recovery.coordinator.rules import Rules
+from recovery.httpapi.app import create_app
+from recovery.httpapi.auth import TokenTable, format_tokens
+from recovery.httpapi.server import ServerThread
+from recovery.journaldb.journal import SqliteJournal
 from recovery.model import HealthEvent
 from recovery.policy import PolicyConfig, load_catalogue
 from recovery.ports.clock import SystemClock
 from recovery.ports.journal import StoredEvent
-from recovery.service.app import create_app
-from recovery.service.auth import TokenTable, format_tokens
-from recovery.service.journal import SqliteJournal
-from recovery.service.server import ServerThread
 
 #: The issue's targets, fault -> coordinator decision recorded.
 TARGET_P50_S = 0.100

@@ -22,7 +22,7 @@ from recovery.ports.nodes import NodeControl
 from recovery.ports.slurm import SlurmControl
 
 if TYPE_CHECKING:
-    from recovery.service.process import Endpoint
+    from recovery.statedir import Endpoint
     from slurm.cluster import ClusterStatus
 
 
@@ -156,26 +156,26 @@ def start_coordinator(
     """Start the coordinator for the local cluster in the background (a no-op when one runs);
     returns where it listens. ``config``: its policy file; ``listen``: host:port (port 0: any
     free one). Raises CoordinatorUnavailableError with its log when it fails."""
-    from recovery.service import process
+    from recovery.supervise import coordinator as coordinator_proc
 
-    return process.start(
+    return coordinator_proc.start(
         coordinator_dir(cluster_state), slurm_conf=conf, config=config, listen=listen
     )
 
 
 def stop_coordinator(cluster_state: Path) -> bool:
     """Stop the local cluster's coordinator; False when none ran."""
-    from recovery.service import process
+    from recovery.supervise import coordinator as coordinator_proc
 
-    return process.stop(coordinator_dir(cluster_state))
+    return coordinator_proc.stop(coordinator_dir(cluster_state))
 
 
 def start_agents(cluster_state: Path, endpoint: Endpoint, nodes: Sequence[str]) -> dict[str, int]:
     """One agent per node of the local cluster, each on its own kernel-log file, connected to
     ``endpoint``'s coordinator before this returns; node -> pid."""
-    from recovery.service.agents_proc import start_agents as start
-    from recovery.service.client import Client, admin_token
-    from recovery.service.process import TOKENS_FILE
+    from recovery.httpapi.client import Client, admin_token
+    from recovery.statedir import TOKENS_FILE
+    from recovery.supervise.agents import start_agents as start
 
     d = coordinator_dir(cluster_state)
     client = Client(endpoint.url, admin_token(d / TOKENS_FILE))
@@ -188,7 +188,7 @@ def start_agents(cluster_state: Path, endpoint: Endpoint, nodes: Sequence[str]) 
 
 def stop_agents(cluster_state: Path) -> list[str]:
     """Stop the local cluster's agents; returns the nodes whose agent was stopped."""
-    from recovery.service.agents_proc import stop_agents as stop
+    from recovery.supervise.agents import stop_agents as stop
 
     return stop(coordinator_dir(cluster_state))
 

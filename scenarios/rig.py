@@ -18,11 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from recovery import proc, wiring
+from recovery import proc, statedir, wiring
 from recovery.errors import CoordinatorUnavailableError, UsageError
+from recovery.httpapi.client import Client, admin_token
 from recovery.ports.slurm import SlurmControl
-from recovery.service import process
-from recovery.service.client import Client, admin_token
 from recovery.spares import is_ready_spare
 from scenarios.schema import ClusterSpec, ExistingCluster
 from slurm.cli_slurm import CliSlurm
@@ -50,7 +49,7 @@ class LocalParts:
     def kill_coordinator(self, *, timeout_s: float = 10.0) -> int:
         """SIGKILL the coordinator (no shutdown of any kind); returns its pid once it is gone.
         Raises CoordinatorUnavailableError when none runs."""
-        ep = process.read_endpoint(self.coordinator_dir)
+        ep = statedir.read_endpoint(self.coordinator_dir)
         if ep is None or not proc.alive(ep.pid):
             raise CoordinatorUnavailableError(f"no coordinator runs in {self.coordinator_dir}")
         os.kill(ep.pid, signal.SIGKILL)
@@ -61,7 +60,7 @@ class LocalParts:
             time.sleep(0.02)
         return ep.pid
 
-    def start_coordinator(self, listen: str = "127.0.0.1:0") -> process.Endpoint:
+    def start_coordinator(self, listen: str = "127.0.0.1:0") -> statedir.Endpoint:
         """Start the coordinator (again) with the scenario's policy, listening on ``listen``."""
         return wiring.start_coordinator(
             self.state, self.cluster.conf_path, config=self.policy, listen=listen

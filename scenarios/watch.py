@@ -18,8 +18,8 @@ from typing import Any
 
 from recovery import proc
 from recovery.errors import RecoverError, TransientError
+from recovery.httpapi.client import Client
 from recovery.ports.slurm import JobInfo, SlurmControl
-from recovery.service.client import Client
 
 Say = Callable[[str], None]
 #: Journal phases that mean the coordinator has acted on Slurm for an incident.

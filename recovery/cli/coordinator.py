@@ -74,7 +74,7 @@ def serve(
     slurm_user: SlurmUser = None,
 ) -> None:
     """Serve the intake API and act on health events until SIGTERM/SIGINT."""
-    from recovery.service.main import ServeOptions, run_coordinator
+    from recovery.startup.serve import ServeOptions, run_coordinator
     from recovery.wiring import KubeOptions, SlurmAccess
 
     kube = None
@@ -112,7 +112,7 @@ def replay(
 ) -> None:
     """Re-decide a recorded event history under another policy; print what would differ.
     Applies no action."""
-    from recovery.service.replay import replay_journal
+    from recovery.startup.replay import replay_journal
 
     diffs = replay_journal(journal, config)
     if as_json:

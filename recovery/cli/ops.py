@@ -42,7 +42,7 @@ breaker_app = typer.Typer(help="Show or release the blast-radius breaker.", no_a
 
 
 def _client(url: str | None, token_file: Path | None, state_dir: Path | None) -> Any:
-    from recovery.service.client import Client
+    from recovery.httpapi.client import Client
 
     return Client.locate(url, token_file, state_dir)
 

@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from recovery.httpapi.agents_api import AgentChannel
+from recovery.httpapi.app import create_app
+from recovery.httpapi.auth import format_tokens
+from recovery.httpapi.server import ServerThread, free_port
+from recovery.journaldb.journal import SqliteJournal
 from recovery.ports.clock import SystemClock
-from recovery.service.agents_api import AgentChannel
-from recovery.service.app import create_app
-from recovery.service.auth import format_tokens
-from recovery.service.journal import SqliteJournal
-from recovery.service.server import ServerThread, free_port
 from tests.agents.helpers import wait_for
 from tests.service.helpers import ADMIN_TOKEN, NODE_TOKENS, FakeCoordinator, tokens
 

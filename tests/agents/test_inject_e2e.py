@@ -13,10 +13,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from recovery.cli.inject import inject, register, render
+from recovery.cli.inject import register, render
 from recovery.errors import AuthError, UsageError
+from recovery.httpapi.client import Client, inject
 from recovery.model import Source
-from recovery.service.client import Client
 from tests.agents.helpers import wait_for
 from tests.agents.live import AgentProcess, LiveCoordinator, wait_connected
 from tests.service.helpers import replace_decision

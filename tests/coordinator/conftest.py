@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from recovery import proc
-from recovery.service import agents_proc, process
+from recovery.supervise import agents as agents_proc
+from recovery.supervise import coordinator as coordinator_proc
 from slurm.cluster import LocalCluster
 from tests.coordinator.helpers import SHIM, Coordinator
 
@@ -40,7 +41,7 @@ def coordinator(
     try:
         yield c
     finally:
-        process.stop(c.state_dir)
+        coordinator_proc.stop(c.state_dir)
         if c.endpoint is not None:
             assert not proc.alive(c.endpoint.pid), "coordinator left running"
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recovery import proc
+from recovery import proc, statedir
+from recovery.httpapi.client import Client, admin_token
 from recovery.model import HealthEvent, Source
-from recovery.service import process
-from recovery.service.client import Client, admin_token
+from recovery.supervise import coordinator as coordinator_proc
 
 RECOVER = str(Path(sys.executable).parent / "recover")
 
@@ -34,11 +34,11 @@ class Coordinator:
     conf: Path
     env: dict[str, str]
     log: Path
-    endpoint: process.Endpoint | None = None
+    endpoint: statedir.Endpoint | None = None
     _seq: list[int] = field(default_factory=lambda: [0])
 
     def start(self) -> None:
-        self.endpoint = process.start(self.state_dir, slurm_conf=self.conf, env=self.env)
+        self.endpoint = coordinator_proc.start(self.state_dir, slurm_conf=self.conf, env=self.env)
 
     def kill(self) -> None:
         """SIGKILL the coordinator process (no shutdown of any kind)."""
@@ -52,7 +52,7 @@ class Coordinator:
     @property
     def client(self) -> Client:
         assert self.endpoint is not None
-        return Client(self.endpoint.url, admin_token(self.state_dir / process.TOKENS_FILE))
+        return Client(self.endpoint.url, admin_token(self.state_dir / statedir.TOKENS_FILE))
 
     def send(self, node: str, fault: str) -> str:
         """Report ``fault`` on ``node`` as an agent would (admin token); returns the event id."""

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from recovery import statedir
 from recovery.errors import UsageError
-from recovery.service import process
+from recovery.supervise import coordinator as coordinator_proc
 from scenarios import render
 from scenarios.loader import find
 from scenarios.runner import RunOptions, run
@@ -28,7 +29,7 @@ def _existing(cluster: LocalCluster, coordinator: Coordinator) -> ExistingCluste
     return ExistingCluster(
         slurm_conf=str(cluster.conf_path),
         coordinator=coordinator.endpoint.url,
-        token_file=str(coordinator.state_dir / process.TOKENS_FILE),
+        token_file=str(coordinator.state_dir / statedir.TOKENS_FILE),
     )
 
 
@@ -48,7 +49,7 @@ def test_a_scenario_runs_on_an_existing_cluster_and_leaves_it_running(
     assert any("existing cluster" in ln and "nodes node1, node2, node3" in ln for ln in lines)
     assert local_cluster.status().running
     assert coordinator.endpoint is not None
-    assert process.healthy(coordinator.endpoint.url)
+    assert coordinator_proc.healthy(coordinator.endpoint.url)
     # The incident is the coordinator's own, in its journal, as the run directory says.
     (inc,) = coordinator.incidents()
     assert (inc["node"], inc["fault"], inc["verdict"]) == ("node2", "xid94", "restart-app")

@@ -20,7 +20,7 @@ from recovery import proc
 from recovery.ports.nodes import CONDITION_TYPE, PROMOTED_LABEL, TAINT_KEY
 from recovery.ports.owners import SLINKY_POD_CORDON
 from recovery.ports.slurm import BatchJob, JobInfo
-from recovery.service import process
+from recovery.supervise import coordinator as coordinator_proc
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
 from slurm.sbatch import submit_training
@@ -45,11 +45,11 @@ def _start(
     c = Coordinator(tmp_path / "coordinator", local_cluster.conf_path, {}, tmp_path / "none")
     args = ["--kubeconfig", str(kubeconfig), "--k8s-namespace", layout.namespace,
             "--k8s-pod-selector", layout.selector, "--tick", "0.3", *extra]  # fmt: skip
-    c.endpoint = process.start(c.state_dir, slurm_conf=c.conf, extra_args=args)
+    c.endpoint = coordinator_proc.start(c.state_dir, slurm_conf=c.conf, extra_args=args)
     try:
         yield c
     finally:
-        process.stop(c.state_dir)
+        coordinator_proc.stop(c.state_dir)
         assert not proc.alive(c.endpoint.pid), "coordinator left running"
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from recovery.service import agents_proc, process
+from recovery import statedir
+from recovery.supervise import agents as agents_proc
 from scenarios.loader import find, shipped
 from slurm import procs
 from tests.slurm.helpers import require_local_slurm
@@ -86,4 +87,4 @@ def _check_run_dir(out: Path, name: str) -> None:
 def _check_nothing_left(cluster: Path) -> None:
     assert procs.cluster_processes(str(cluster / "slurm")) == set()
     assert agents_proc.running(cluster / "coordinator") == {}
-    assert process.read_endpoint(cluster / "coordinator") is None
+    assert statedir.read_endpoint(cluster / "coordinator") is None

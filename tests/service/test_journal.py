@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import JournalError, UsageError
+from recovery.journaldb.journal import SqliteJournal
 from recovery.model import Decision, TakeDown, Verdict
 from recovery.ports.clock import FakeClock
 from recovery.ports.journal import ActionStatus, IncidentStatus, Journal, Phase
-from recovery.service.journal import SqliteJournal
 from tests.service.helpers import event, replace_decision
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from recovery.coordinator.replay import replay_history
 from recovery.errors import UsageError
+from recovery.journaldb.journal import SqliteJournal
 from recovery.policy import ReplayDifference, load_catalogue, load_policy_config
 from recovery.ports.clock import SystemClock
-from recovery.service.journal import SqliteJournal
 
 
 def replay_journal(path: Path, config: Path | None) -> list[ReplayDifference]:

@@ -9,56 +9,19 @@ listens; :func:`start` waits for ``/healthz`` to answer before it returns.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from recovery.errors import CoordinatorUnavailableError, RecoverError
-from recovery.fsutil import atomic_write
+from recovery.errors import CoordinatorUnavailableError
 from recovery.proc import alive, spawn
 from recovery.proc import log_tail as _log_tail
-
-#: Written by a serving coordinator into its state dir.
-ENDPOINT_FILE = "coordinator.json"
-TOKENS_FILE = "tokens"
-JOURNAL_FILE = "journal.sqlite"
-LOG_FILE = "coordinator.log"
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where a coordinator listens and which process serves it."""
-
-    url: str
-    pid: int
-    state_dir: Path
-
-    @property
-    def tokens_path(self) -> Path:
-        return self.state_dir / TOKENS_FILE
-
-
-def write_endpoint(state_dir: Path, url: str, pid: int) -> None:
-    """Record where this coordinator listens (atomically, so readers never see half)."""
-    atomic_write(state_dir / ENDPOINT_FILE, (json.dumps({"url": url, "pid": pid}) + "\n").encode())
-
-
-def read_endpoint(state_dir: Path) -> Endpoint | None:
-    """The endpoint a coordinator recorded in ``state_dir``, or None when none did."""
-    try:
-        raw = json.loads((state_dir / ENDPOINT_FILE).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        raise RecoverError(f"cannot read {state_dir / ENDPOINT_FILE}: {e}") from e
-    return Endpoint(str(raw["url"]), int(raw["pid"]), state_dir)
+from recovery.statedir import ENDPOINT_FILE, LOG_FILE, Endpoint, read_endpoint
 
 
 def healthy(url: str, timeout_s: float = 1.0) -> bool:

@@ -4,7 +4,7 @@
   (:class:`HeartbeatTracker`), never journaled: a beat every 5 s from 1,000 nodes would be
   200 writes/s of nothing. The engine asks :meth:`HeartbeatTracker.silent` for nodes to suspect.
 * ``GET /v1/agents/{node}/commands?wait=S`` - the agent's long poll (that node's token only);
-  ``POST /v1/agents/{node}/commands/{id}/ack`` - its result (:mod:`recovery.service.commands`).
+  ``POST /v1/agents/{node}/commands/{id}/ack`` - its result (:mod:`recovery.httpapi.commands`).
 * ``GET /v1/agents`` - per node with a token: connected, last poll/heartbeat age, version.
 * ``POST /v1/inject`` (admin) - a fault for a node's agent to emit through its own detection
   path; answered with the event id once the agent carried it out.
@@ -29,11 +29,11 @@ from fastapi import Body, Depends, FastAPI, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.errors import UsageError, unknown_choice
+from recovery.httpapi.auth import Principal, TokenTable
+from recovery.httpapi.commands import MAX_WAIT_S, CommandBroker
 from recovery.model.events import NODE_PATTERN
 from recovery.ports.clock import Clock
 from recovery.ports.journal import Journal
-from recovery.service.auth import Principal, TokenTable
-from recovery.service.commands import MAX_WAIT_S, CommandBroker
 
 #: How often agents are asked to beat (seconds); the default of ``recover agent run``.
 HEARTBEAT_S = 5.0

@@ -11,8 +11,8 @@ busy-retry), while each reading thread gets its own read-only connection, create
 use: in WAL mode readers see the last committed state and never wait for the writer. Each
 read method runs in one read transaction, so what it returns is one consistent snapshot.
 
-Schema and migrations: :mod:`recovery.service.schema`; checkpoints of the WAL run on a thread
-of their own (:mod:`recovery.service.walcheckpoint`).
+Schema and migrations: :mod:`recovery.journaldb.schema`; checkpoints of the WAL run on a thread
+of their own (:mod:`recovery.journaldb.walcheckpoint`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from typing import Any
 
 from recovery.errors import JournalError
 from recovery.fsutil import fsync_dir
+from recovery.journaldb import plan, rows
+from recovery.journaldb.schema import MIGRATIONS, SCHEMA_VERSION
+from recovery.journaldb.walcheckpoint import WalCheckpointer
 from recovery.model import Decision, HealthEvent
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import (
@@ -36,9 +39,6 @@ from recovery.ports.journal import (
     Phase,
     StoredEvent,
 )
-from recovery.service import plan, rows
-from recovery.service.schema import MIGRATIONS, SCHEMA_VERSION
-from recovery.service.walcheckpoint import WalCheckpointer
 
 #: Statuses after which an action gets its ``finished`` stamp.
 FINAL_STATUSES = frozenset(
@@ -58,7 +58,7 @@ class SqliteJournal:
 
     def __init__(self, path: Path, clock: Clock, *, checkpoint_every_s: float | None = 1.0) -> None:
         """``checkpoint_every_s``: how often a background thread copies the WAL into the
-        database (:mod:`recovery.service.walcheckpoint`); None leaves it to SQLite, inside
+        database (:mod:`recovery.journaldb.walcheckpoint`); None leaves it to SQLite, inside
         commits."""
         self.path = Path(path)
         self._clock = clock

@@ -1,5 +1,6 @@
 """A small client of the coordinator's HTTP API, for the operator verbs (``recover status``,
-``recover incidents``, ``recover node repaired``, ``recover breaker ...``) and tests.
+``recover incidents``, ``recover node repaired``, ``recover breaker ...``), ``recover inject``
+(:func:`inject`), the scenario runner and tests.
 
 Errors are ours: a coordinator that does not answer is a CoordinatorUnavailableError saying how
 to start one; 401/403 an AuthError; 400/404/422 a UsageError carrying the server's message.
@@ -8,7 +9,8 @@ to start one; 401/403 an AuthError; 400/404/422 a UsageError carrying the server
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import httpx
 
 from recovery.errors import AuthError, CoordinatorUnavailableError, RecoverError, UsageError
-from recovery.service.process import TOKENS_FILE, read_endpoint
+from recovery.statedir import TOKENS_FILE, read_endpoint
 
 START_HINT = (
     "start one with `recover coordinator serve --state-dir DIR` "
@@ -108,3 +110,64 @@ def _message(r: httpx.Response) -> str:
         return r.text[:500]
     detail = doc.get("detail", doc) if isinstance(doc, dict) else doc
     return detail if isinstance(detail, str) else str(detail)
+
+
+def inject(
+    client: Client,
+    *,
+    fault: str,
+    node: str,
+    gpu: int | None = None,
+    via: str = "agent",
+    wait: bool = False,
+    wait_timeout_s: float = 60.0,
+    poll_s: float = 0.2,
+    sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
+    """Ask the coordinator to have ``node``'s agent inject ``fault``; returns the reply
+    (``event_id``, ``command``, ...), with ``decision`` added when ``wait``.
+
+    Raises UsageError (unknown fault or node, agent not connected: the message says which and
+    what is valid), AuthError, CoordinatorUnavailableError, RecoverError when the agent did not
+    carry it out in time or ``wait`` sees no decision within ``wait_timeout_s`` seconds.
+    """
+    if via not in ("agent", "kmsg"):
+        raise UsageError(f"Unknown path {via!r}. Known: agent, kmsg")
+    body = {"fault": fault, "node": node, "gpu": gpu, "via": via}
+    reply: dict[str, Any] = client.post("/v1/inject", body)
+    if wait:
+        reply["decision"] = wait_decision(
+            client, reply.get("event_id"), wait_timeout_s, poll_s, sleep, monotonic
+        )
+    return reply
+
+
+def wait_decision(
+    client: Client,
+    event_id: str | None,
+    timeout_s: float,
+    poll_s: float,
+    sleep: Callable[[float], None],
+    monotonic: Callable[[], float],
+) -> dict[str, Any]:
+    """Poll ``GET /v1/events/{id}/decision`` until the decision exists; returns it."""
+    if not event_id:
+        raise UsageError(
+            "the agent could not tell the event id (kernel-log injection into /dev/kmsg); "
+            "look for the injection marker with `recover incidents` instead of --wait"
+        )
+    deadline = monotonic() + timeout_s
+    stored = False
+    while True:
+        doc = client.get(f"/v1/events/{event_id}/decision")
+        stored = bool(doc.get("stored"))
+        if doc.get("decision") is not None:
+            decision: dict[str, Any] = doc["decision"]
+            return decision
+        if monotonic() >= deadline:
+            raise RecoverError(
+                f"no decision on event {event_id} within {timeout_s:g} s "
+                f"({'it is in the journal' if stored else 'it has not reached the journal'})"
+            )
+        sleep(poll_s)

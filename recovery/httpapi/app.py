@@ -1,10 +1,10 @@
 """The coordinator's HTTP API: durable event intake, reads, and the operator verbs.
 
 Endpoints (every one but ``/healthz``, and ``/metrics`` unless configured, needs
-``Authorization: Bearer <token>`` from the tokens file, see :mod:`recovery.service.auth`):
+``Authorization: Bearer <token>`` from the tokens file, see :mod:`recovery.httpapi.auth`):
 
 * ``POST /v1/events`` - one HealthEvent or ``{"events": [...]}``; answered only once the
-  events are committed to the journal (group commit, :mod:`recovery.service.intake`);
+  events are committed to the journal (group commit, :mod:`recovery.httpapi.intake`);
 * ``GET /v1/incidents[?open=true]``, ``GET /v1/incidents/{id}`` - from the journal;
 * ``GET /v1/nodes``, ``GET /v1/status``, ``GET /v1/breaker`` - from the coordinator;
 * ``POST /v1/nodes/{node}/repaired``, ``POST /v1/breaker/reset`` - admin token only;
@@ -27,16 +27,16 @@ from pydantic import TypeAdapter
 
 from recovery.coordinator.api import CoordinatorApi
 from recovery.errors import JournalError, TransientError, UsageError
+from recovery.httpapi import models
+from recovery.httpapi.agents_api import AgentChannel, agent_routes
+from recovery.httpapi.auth import Principal, TokenTable
+from recovery.httpapi.fastpath import ClientGone, EventIntake, ServiceApp
+from recovery.httpapi.intake import GroupCommitter
+from recovery.httpapi.metrics import LatencyMiddleware, ServiceMetrics
 from recovery.model import EventBatch, HealthEvent
 from recovery.model.events import NODE_PATTERN
 from recovery.ports.clock import Clock
 from recovery.ports.journal import Journal, StoredEvent
-from recovery.service import models
-from recovery.service.agents_api import AgentChannel, agent_routes
-from recovery.service.auth import Principal, TokenTable
-from recovery.service.fastpath import ClientGone, EventIntake, ServiceApp
-from recovery.service.intake import GroupCommitter
-from recovery.service.metrics import LatencyMiddleware, ServiceMetrics
 
 API_VERSION = "1"
 _SCHEME = "bearer"
@@ -75,7 +75,7 @@ def create_app(
     ``max_body_bytes`` bounds an event request (413 above it). ``metrics_need_token``: whether
     ``/metrics`` asks for a token too (off by default: the server listens on loopback).
     ``agents``: the heartbeat tracker and command broker of the agent routes
-    (:mod:`recovery.service.agents_api`; a fresh one when None), also at ``app.state.agents``.
+    (:mod:`recovery.httpapi.agents_api`; a fresh one when None), also at ``app.state.agents``.
     The app owns one writer thread for group commit, stopped at lifespan shutdown.
     """
     metrics = ServiceMetrics(

@@ -1,6 +1,6 @@
 """Rows of the journal's tables to the port's records, and back (pure, no transactions).
 
-SQL here and in :mod:`recovery.service.journal` is assembled only from this package's own
+SQL here and in :mod:`recovery.journaldb.journal` is assembled only from this package's own
 constant fragments (column lists, fixed WHERE clauses); every value goes through ``?``
 parameters, hence the ``noqa: S608`` marks.
 """

@@ -19,9 +19,9 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from recovery.errors import JournalError
-from recovery.service.auth import TokenTable
-from recovery.service.intake import GroupCommitter, field_errors, parse_events, reply_body
-from recovery.service.metrics import ServiceMetrics
+from recovery.httpapi.auth import TokenTable
+from recovery.httpapi.intake import GroupCommitter, field_errors, parse_events, reply_body
+from recovery.httpapi.metrics import ServiceMetrics
 
 EVENTS_PATH = "/v1/events"
 _JSON_HEADERS = [(b"content-type", b"application/json")]

@@ -1,12 +1,7 @@
 """The coordinator's start-up: read the config, build the adapters, hand them to the core,
 serve the API. The one place that knows every part of the coordinator.
 
-State dir layout (created on first start)::
-
-    STATE_DIR/journal.sqlite     the incident journal (SQLite, WAL)
-    STATE_DIR/tokens             bearer tokens: one admin, one per node (mode 0600)
-    STATE_DIR/coordinator.json   where it listens and its pid, while it runs
-    STATE_DIR/coordinator.log    its log when started in the background
+The state dir's files: :mod:`recovery.statedir`.
 """
 
 from __future__ import annotations
@@ -22,21 +17,21 @@ from recovery.coordinator.executor import ExecutorSettings
 from recovery.coordinator.kube import KubeMode
 from recovery.coordinator.rules import Rules
 from recovery.errors import UsageError
+from recovery.httpapi.agents_api import AgentChannel
+from recovery.httpapi.app import create_app
+from recovery.httpapi.auth import generate_tokens, load_tokens
+from recovery.httpapi.server import free_port, serve
+from recovery.journaldb.journal import SqliteJournal
 from recovery.policy import load_catalogue, load_policy_config
 from recovery.ports.clock import SystemClock
-from recovery.service.agents_api import AgentChannel
-from recovery.service.app import create_app
-from recovery.service.auth import generate_tokens, load_tokens
-from recovery.service.checks import CommandCheck
-from recovery.service.journal import SqliteJournal
-from recovery.service.kubewatch import NodeWatch
-from recovery.service.process import (
+from recovery.startup.checks import CommandCheck
+from recovery.startup.kubewatch import NodeWatch
+from recovery.statedir import (
     ENDPOINT_FILE,
     JOURNAL_FILE,
     TOKENS_FILE,
     write_endpoint,
 )
-from recovery.service.server import free_port, serve
 from recovery.wiring import KubeOptions, SlurmAccess, node_control, slurm_control
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from recovery.errors import CoordinatorUnavailableError
 from recovery.fsutil import atomic_write
 from recovery.proc import alive, spawn
-from recovery.service.process import TOKENS_FILE
+from recovery.statedir import TOKENS_FILE
 
 AGENTS_FILE = "agents.json"
 
