@@ -1,8 +1,12 @@
-"""Suite-wide rules: tests marked ``gpu``/``tpu`` skip, with the reason, when none is present."""
+"""Suite-wide rules: tests marked ``gpu``/``tpu`` skip, with the reason, when none is present;
+under CI (``$CI`` set) every other skip is a failure, since a tier that skips there is a tier
+nobody ran."""
 
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +35,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 reason = _accelerator(platform)
                 if reason is not None:
                     item.add_marker(pytest.mark.skip(reason=reason))
+
+
+#: Markers whose tests may skip under CI: CI machines have no accelerator.
+MAY_SKIP_IN_CI = ("gpu", "tpu")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if not (report.skipped and os.environ.get("CI")) or hasattr(report, "wasxfail"):
+        return
+    if any(item.get_closest_marker(m) is not None for m in MAY_SKIP_IN_CI):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+    report.outcome = "failed"
+    report.longrepr = (
+        f"skipped under CI, which counts as a failure (CI must run every tier but the "
+        f"accelerator ones): {reason}"
+    )
 
 
 @pytest.fixture(scope="session")
