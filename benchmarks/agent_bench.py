@@ -46,16 +46,15 @@ from agents.follow import format_fault_line
 from agents.ids import read_boot_id
 from agents.inject import simulated_bus
 from agents.kmsg import kmsg_event_id, parse_line
-from recovery.coordinator.engine import Engine
+from recovery.coordinator.build import build_engine
 from recovery.coordinator.rules import Rules
 from recovery.httpapi.app import create_app
 from recovery.httpapi.auth import TokenTable, format_tokens
 from recovery.httpapi.server import ServerThread
 from recovery.journaldb.journal import SqliteJournal
-from recovery.model import HealthEvent
+from recovery.model import Decision, HealthEvent
 from recovery.policy import PolicyConfig, load_catalogue
 from recovery.ports.clock import SystemClock
-from recovery.ports.journal import StoredEvent
 
 #: The issue's targets, fault -> coordinator decision recorded.
 TARGET_P50_S = 0.100
@@ -68,45 +67,37 @@ GPUS = 256
 KMSG_INTERVAL_S = 0.05
 
 
-class StampedEngine(Engine):
-    """The real engine, noting (monotonic) when each event id was committed by the intake
-    (``submit``) and when its decision was recorded in the journal (after the commit of the
-    engine's decision batch)."""
+class Stamps:
+    """The engine's observer (:class:`recovery.coordinator.engine.Observer`): notes
+    (monotonic) when each event id was committed by the intake (``submitted``) and when its
+    decision was committed to the journal (``decided``, after the commit of the engine's
+    decision batch)."""
 
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
+    def __init__(self) -> None:
         self.committed: dict[str, float] = {}
-        self.decided: dict[str, float] = {}
-        self._batch: list[str] = []
+        self.decided_at: dict[str, float] = {}
         self.arrived = threading.Condition()
 
-    def submit(self, events: Sequence[HealthEvent]) -> None:
+    def submitted(self, events: Sequence[HealthEvent]) -> None:
         now = time.monotonic()
         with self.arrived:
             for e in events:
                 self.committed.setdefault(e.id, now)
-        super().submit(events)
 
-    def _decide(self, stored: StoredEvent) -> None:
-        super()._decide(stored)
-        self._batch.append(stored.event.id)
-
-    def decide_pending(self) -> int:
-        n = super().decide_pending()
+    def decided(self, decisions: Sequence[Decision]) -> None:
         now = time.monotonic()
         with self.arrived:
-            for eid in self._batch:
-                self.decided.setdefault(eid, now)
-            self._batch.clear()
+            for d in decisions:
+                self.decided_at.setdefault(d.event_id, now)
             self.arrived.notify_all()
-        return n
 
     def wait(self, event_id: str, timeout_s: float = 30.0) -> tuple[float, float]:
         """(committed, decided) monotonic times of ``event_id``."""
         with self.arrived:
-            if not self.arrived.wait_for(lambda: event_id in self.decided, timeout_s):
+            if not self.arrived.wait_for(lambda: event_id in self.decided_at, timeout_s):
                 raise SystemExit(f"event {event_id} was never decided")
-            return self.committed.get(event_id, self.decided[event_id]), self.decided[event_id]
+            decided = self.decided_at[event_id]
+            return self.committed.get(event_id, decided), decided
 
 
 def slurm_for_bench(root: Path) -> tuple[Any, str, Any]:
@@ -166,7 +157,7 @@ def wait_connected(url: str, pid: int, timeout_s: float = 60.0) -> None:
 Samples = tuple[list[float], list[float]]
 
 
-def kmsg_latencies(engine: StampedEngine, kmsg: Path, n: int, seed: int) -> Samples:
+def kmsg_latencies(stamps: Stamps, kmsg: Path, n: int, seed: int) -> Samples:
     boot, committed, decided = read_boot_id(), [], []
     rng = random.Random(seed)
     with open(kmsg, "a") as f:
@@ -182,26 +173,26 @@ def kmsg_latencies(engine: StampedEngine, kmsg: Path, n: int, seed: int) -> Samp
             start = time.monotonic()
             f.write(line + "\n")
             f.flush()
-            at_commit, at_decision = engine.wait(eid)
+            at_commit, at_decision = stamps.wait(eid)
             committed.append(at_commit - start)
             decided.append(at_decision - start)
     return committed, decided
 
 
-def agent_latencies(engine: StampedEngine, url: str, n: int) -> Samples:
+def agent_latencies(stamps: Stamps, url: str, n: int) -> Samples:
     committed, decided = [], []
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
         for i in range(n):
             start = time.monotonic()
             r = http.post("/v1/inject", json={"fault": "xid48", "node": NODE, "gpu": i % 1024})
             r.raise_for_status()
-            at_commit, at_decision = engine.wait(r.json()["event_id"])
+            at_commit, at_decision = stamps.wait(r.json()["event_id"])
             committed.append(at_commit - start)
             decided.append(at_decision - start)
     return committed, decided
 
 
-def cost(pid: int, engine: StampedEngine, kmsg: Path, idle_s: float, flood: int) -> dict[str, Any]:
+def cost(pid: int, stamps: Stamps, kmsg: Path, idle_s: float, flood: int) -> dict[str, Any]:
     cpu0, t0 = proc_cpu_s(pid), time.monotonic()
     time.sleep(idle_s)  # a benchmark measures over wall time; nothing is waited on here
     idle_cpu = proc_cpu_s(pid) - cpu0
@@ -218,7 +209,7 @@ def cost(pid: int, engine: StampedEngine, kmsg: Path, idle_s: float, flood: int)
     cpu0, t0 = proc_cpu_s(pid), time.monotonic()
     with open(kmsg, "a") as f:
         f.write("\n".join(lines) + "\n")
-    engine.wait(eid)
+    stamps.wait(eid)
     first_s = time.monotonic() - t0
     last = proc_cpu_s(pid)
     while True:  # until a quarter second passes with no more CPU used than an idle agent's
@@ -254,11 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     journal = SqliteJournal(root / "journal.db", clock)
     slurm, where, cluster = slurm_for_bench(root)
     print(f"coordinator engine on {where}", file=sys.stderr)
-    engine = StampedEngine(
+    stamps = Stamps()
+    engine = build_engine(
         journal=journal,
         slurm=slurm,
         clock=clock,
         rules=Rules(PolicyConfig.default(), load_catalogue()),
+        observer=stamps,
     )
     app = create_app(
         journal=journal,
@@ -273,15 +266,15 @@ def main(argv: list[str] | None = None) -> int:
             agent = start_agent(root, server.url, kmsg)
             try:
                 wait_connected(server.url, agent.pid)
-                k_commit, k_decide = kmsg_latencies(engine, kmsg, args.injections, args.seed)
-                a_commit, a_decide = agent_latencies(engine, server.url, args.injections)
+                k_commit, k_decide = kmsg_latencies(stamps, kmsg, args.injections, args.seed)
+                a_commit, a_decide = agent_latencies(stamps, server.url, args.injections)
                 figures = {
                     "slurm": where,
                     "kmsg": quantiles(k_decide),
                     "agent": quantiles(a_decide),
                     "kmsg_to_commit": quantiles(k_commit),
                     "agent_to_commit": quantiles(a_commit),
-                    "cost": cost(agent.pid, engine, kmsg, args.idle_seconds, args.flood),
+                    "cost": cost(agent.pid, stamps, kmsg, args.idle_seconds, args.flood),
                 }
             finally:
                 app.state.agents.broker.close()

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recovery.coordinator.build import build_engine
 from recovery.coordinator.engine import Engine
 from recovery.coordinator.rules import Rules
 from recovery.coordinator.views import LAYOUT_KEY
 from recovery.journaldb.journal import SqliteJournal
-from recovery.model import HealthEvent, Source, TakeDown
+from recovery.model import HealthEvent, PromoteSpare, Source, TakeDown
 from recovery.policy import BreakerConfig, PolicyConfig, load_catalogue
 from recovery.ports.clock import Clock, SystemClock
-from recovery.ports.journal import ActionStatus, IncidentRecord, Journal
+from recovery.ports.journal import ActionStatus, IncidentRecord, Journal, PhaseName
 from tests.fakes.slurm import FakeSlurm
 
 MESSAGE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
@@ -174,7 +175,7 @@ class Result:
     of from the receipt."""
 
 
-def _phase(inc: IncidentRecord, name: str) -> float | None:
+def _phase(inc: IncidentRecord, name: PhaseName) -> float | None:
     return next((p.at.mono for p in inc.phases if p.name == name), None)
 
 
@@ -190,7 +191,7 @@ def measure(
         ours = storm_ids.intersection(inc.event_ids)
         if not ours:
             continue
-        received, decided = _phase(inc, "received"), _phase(inc, "decided")
+        received, decided = _phase(inc, PhaseName.received), _phase(inc, PhaseName.decided)
         if received is None or decided is None:
             continue
         if sent is not None:
@@ -204,7 +205,7 @@ def measure(
                 if isinstance(rec.action, TakeDown):
                     takedown.values.append(rec.finished.mono - received)
                     last_done = max(last_done, rec.finished.mono)
-                elif rec.action.kind == "promote":
+                elif isinstance(rec.action, PromoteSpare):
                     promoted += 1
     return {
         "decision": decision.summary(),
@@ -234,7 +235,7 @@ def build_rig(opts: Options, size: int, policy_name: str, db: Path) -> Rig:
     journal = SqliteJournal(db, clock)
     slurm = build_slurm(opts)
     rules = Rules(policy(policy_name, size), CATALOGUE)
-    engine = Engine(journal=journal, slurm=slurm, clock=clock, rules=rules)
+    engine = build_engine(journal=journal, slurm=slurm, clock=clock, rules=rules)
     return Rig(engine, slurm, journal, clock)
 
 

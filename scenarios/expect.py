@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from recovery.ports.journal import PhaseName
 from scenarios.reporting import ReportSummary
 from scenarios.schema import Expectations
 
@@ -127,7 +128,7 @@ def check(expect: Expectations, out: Outcome, *, enforce_budgets: bool = True) -
     for name in expect.incident_phases or ():
         checks.append(_phase_seen(name, out.incidents))
     if expect.held is not None:
-        held = [str(i["id"]) for i in out.incidents if "held" in _phase_names(i)]
+        held = [str(i["id"]) for i in out.incidents if PhaseName.held in _phase_names(i)]
         which = f" ({', '.join(held)})" if held else ""
         detail = f"{len(held)} incident(s) held by the breaker{which}, expected {expect.held}"
         add("held", len(held) == expect.held, detail)
@@ -159,6 +160,7 @@ def _phase_names(incident: Mapping[str, Any]) -> list[str]:
 
 
 def _phase_seen(name: str, incidents: Sequence[Mapping[str, Any]]) -> Check:
+    """Whether some incident reached journal phase ``name`` (a :class:`PhaseName` value)."""
     having = [str(i["id"]) for i in incidents if name in _phase_names(i)]
     if having:
         return Check(f"incident_phases {name}", True, f"reached by {', '.join(having)}")

@@ -103,11 +103,20 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from recovery.errors import UsageError, unknown_choice
 from recovery.model import Verdict
-from recovery.report.phases import PhaseName
+from recovery.ports.journal import PhaseName
+from recovery.report.phases import ReportPhase
 
 #: Things a scenario can do besides injecting a catalogue fault through an agent.
 SPECIAL_FAULTS: dict[str, str] = {
@@ -358,6 +367,14 @@ class Entry(_Strict):
         return cannot_save(self.fault) if self.crash_training is None else self.crash_training
 
 
+def _journal_phase(name: str) -> str:
+    """``name`` if it is one of the journal's phases (:class:`PhaseName`)."""
+    known = [p.value for p in PhaseName]
+    if name not in known:
+        raise ValueError(str(unknown_choice("journal phase", name, known)))
+    return name
+
+
 class Expectations(_Strict):
     """What must hold at the end of the run."""
 
@@ -367,11 +384,11 @@ class Expectations(_Strict):
     min_fallbacks: Annotated[int, Field(ge=0)] | None = None
     incidents: Annotated[int, Field(ge=0)] | None = None
     verdicts: list[Verdict] | None = None
-    incident_phases: list[Annotated[str, Field(pattern=r"^[a-z][a-z-]*$")]] | None = None
+    incident_phases: list[Annotated[str, AfterValidator(_journal_phase)]] | None = None
     held: Annotated[int, Field(ge=0)] | None = None
     out_of_service: list[str] | None = None
     in_service: list[str] | None = None
-    phases: dict[PhaseName, Annotated[float, Field(gt=0)]] | None = None
+    phases: dict[ReportPhase, Annotated[float, Field(gt=0)]] | None = None
 
 
 class Scenario(_Strict):

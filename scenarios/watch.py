@@ -19,11 +19,14 @@ from typing import Any
 from recovery import proc
 from recovery.errors import RecoverError, TransientError
 from recovery.httpapi.client import Client
+from recovery.ports.journal import PhaseName
 from recovery.ports.slurm import JobInfo, SlurmControl
 
 Say = Callable[[str], None]
 #: Journal phases that mean the coordinator has acted on Slurm for an incident.
-ACTED = frozenset({"node-down", "node-drained", "jobs-requeued", "jobs-signalled"})
+ACTED = frozenset(
+    {PhaseName.node_down, PhaseName.node_drained, PhaseName.jobs_requeued, PhaseName.jobs_signalled}
+)
 
 
 @dataclass

@@ -6,6 +6,9 @@ future the caller waits on), and a reconcile tick every ``tick_s`` seconds. The 
 only memory: :meth:`Engine.recover` rebuilds the policy state from the decided history, decides
 what was acknowledged but not decided, and finishes the actions that were planned - so the
 coordinator can be SIGKILLed at any point and restarted.
+
+An engine is built, with everything it works with, by
+:func:`recovery.coordinator.build.build_engine`; nothing is handed to it afterwards.
 """
 
 from __future__ import annotations
@@ -20,8 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from recovery.coordinator.executor import Executor, ExecutorSettings
-from recovery.coordinator.kube import KubeFollow, KubeMode, finished
-from recovery.coordinator.reconcile import follow_jobs, settled, unreachable_events
+from recovery.coordinator.kube import KubeFollow, KubeMode
+from recovery.coordinator.reconcile import (
+    Heartbeats,
+    Reconciler,
+    Snapshot,
+    expire_held,
+    spares_promised,
+)
 from recovery.coordinator.rules import Rules
 from recovery.coordinator.views import (
     LAYOUT_KEY,
@@ -33,33 +42,21 @@ from recovery.coordinator.views import (
 from recovery.errors import RecoverError, TransientError, UsageError, unknown_choice
 from recovery.model import (
     Decision,
-    Drain,
     HealthEvent,
-    PromoteSpare,
     RequeueJobs,
     SaveThenRequeue,
     Source,
     TakeDown,
 )
-from recovery.model.events import HEARTBEAT_LOST, REPAIRED
+from recovery.model.events import REPAIRED
 from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import Clock, Stamp
-from recovery.ports.journal import ActionStatus, Journal, Phase, StoredEvent
-from recovery.ports.nodes import KubeNode, NodeControl
-from recovery.ports.slurm import JobInfo, NodeInfo, SlurmControl
-from recovery.spares import is_ready_spare
+from recovery.ports.journal import ActionStatus, JobPath, Journal, Phase, PhaseName, StoredEvent
+from recovery.ports.slurm import SlurmControl
 
 T = TypeVar("T")
 #: Journal meta key: the wall times of every breaker reset, oldest first (JSON list).
 RESETS_KEY = "breaker_resets"
-
-
-class Heartbeats(Protocol):
-    """Where the engine learns which agents went silent (the service's heartbeat tracker)."""
-
-    def silent(self, now: float, after_s: float) -> list[str]:
-        """Nodes whose agent beat once but not within ``after_s`` s before ``now`` (mono)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -80,21 +77,46 @@ class EngineSettings:
     """How Kubernetes is kept in step (only used with a NodeControl)."""
 
 
-def job_path(decision: Decision) -> str:
+class Observer(Protocol):
+    """What may watch the engine from outside without changing it (the benchmarks stamp
+    each event with it). Called on the engine's threads: it must return quickly."""
+
+    def submitted(self, events: Sequence[HealthEvent]) -> None:
+        """The intake committed ``events`` (on the intake's thread, before the engine wakes)."""
+        ...
+
+    def decided(self, decisions: Sequence[Decision]) -> None:
+        """``decisions`` were committed together (on the worker thread, before any of them
+        is acted on)."""
+        ...
+
+
+class Unobserved:
+    """The :class:`Observer` of an engine nobody watches."""
+
+    def submitted(self, events: Sequence[HealthEvent]) -> None:
+        pass
+
+    def decided(self, decisions: Sequence[Decision]) -> None:
+        pass
+
+
+def job_path(decision: Decision) -> JobPath:
     """How the incident treats the node's jobs, for the record: saved first (the node still
     works), down at once (the GPU is gone: nothing could save), requeued in place, or none."""
     kinds = {a.kind for a in decision.actions}
     if SaveThenRequeue.kind in kinds:
-        return "save-then-requeue"
+        return JobPath.save_then_requeue
     if TakeDown.kind in kinds:
-        return "down-requeue (no save: the node cannot run the job)"
+        return JobPath.down_requeue
     if RequeueJobs.kind in kinds:
-        return "requeue (node kept)"
-    return "none"
+        return JobPath.requeue
+    return JobPath.none
 
 
 class Engine:
-    """Implements :class:`recovery.coordinator.api.CoordinatorApi` for the HTTP service."""
+    """Implements :class:`recovery.coordinator.api.CoordinatorApi` for the HTTP service.
+    Build one with :func:`recovery.coordinator.build.build_engine`."""
 
     def __init__(
         self,
@@ -103,49 +125,57 @@ class Engine:
         slurm: SlurmControl,
         clock: Clock,
         rules: Rules,
-        settings: EngineSettings = EngineSettings(),  # frozen, one shared default is safe
-        log: Callable[[str], None] = lambda _msg: None,
-        sleep: Callable[[float], None] | None = None,
-        heartbeats: Heartbeats | None = None,
-        checker: RepairChecker | None = None,
-        nodes: NodeControl | None = None,
+        executor: Executor,
+        settings: EngineSettings,
+        log: Callable[[str], None],
+        kube: KubeFollow | None,
+        heartbeats: Heartbeats | None,
+        checker: RepairChecker | None,
+        observer: Observer,
     ) -> None:
-        self.journal = journal
-        self.kube = (
-            None
-            if nodes is None
-            else KubeFollow(journal=journal, nodes=nodes, clock=clock, mode=settings.kube, log=log)
-        )
-        self._kube_view: dict[str, KubeNode] = {}
-        self.checker = checker
-        self._checked: dict[str, float] = {}
-        self.heartbeats = heartbeats
-        self._suspects: frozenset[str] = frozenset()
-        self.slurm = slurm
-        self.clock = clock
-        self.rules = rules
-        self.settings = settings
-        self.log = log
-        self.executor = Executor(
+        self._journal = journal
+        self._slurm = slurm
+        self._clock = clock
+        self._rules = rules
+        self._executor = executor
+        self._settings = settings
+        self._log = log
+        self._kube = kube
+        self._observer = observer
+        self._wake = threading.Event()
+        self._reconciler = Reconciler(
             journal=journal,
             slurm=slurm,
             clock=clock,
-            choose_spare=rules.choose_spare,
-            settings=settings.executor,
-            sleep=sleep,
+            rules=rules,
+            executor=executor,
+            kube=kube,
+            heartbeats=heartbeats,
+            checker=checker,
+            suspect_after_s=settings.suspect_after_s,
             log=log,
-            kube=self.kube,
+            wake=self._wake_up,
+            repaired=self._repaired,
         )
-        self._wake = threading.Event()
         self._commands: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._view: tuple[NodeInfo, ...] = ()
-        self._jobs: tuple[JobInfo, ...] = ()
-        self._jobs_by_node: dict[str, list[JobInfo]] = {}
-        self._view_at: Stamp | None = None
+        self._seen = Snapshot()
+        """Slurm (and Kubernetes) as last read: replaced whole, read by the server's threads."""
         self._layout: str | None = None
-        self._lock = threading.Lock()
+
+    @property
+    def executor(self) -> Executor:
+        """The executor this engine drives (tests and tools run it by hand)."""
+        return self._executor
+
+    @property
+    def reconcile_steps(self) -> tuple[str, ...]:
+        """The names of the reconcile tick's steps, in the order they run."""
+        return tuple(name for name, _ in self._reconciler.steps)
+
+    def _wake_up(self) -> None:
+        self._wake.set()
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -172,25 +202,26 @@ class Engine:
                     recovered = True
                 self.step()
             except TransientError as e:
-                self.log(f"engine: {e}; retrying next tick")
+                self._log(f"engine: {e}; retrying next tick")
             except Exception:  # the worker must survive any one bad step; it is logged
-                self.log("engine: unexpected error:\n" + traceback.format_exc())
-            self._wake.wait(self.settings.tick_s)
+                self._log("engine: unexpected error:\n" + traceback.format_exc())
+            self._wake.wait(self._settings.tick_s)
 
     def recover(self) -> None:
         """Rebuild the policy state from the decided history (what a restart does first):
         every recorded decision, and the breaker resets at their times."""
         resets = self._resets()
-        for stored, decision in self.journal.history():
+        for stored, decision in self._journal.history():
             while resets and resets[0] <= stored.received.wall:
-                self.rules.breaker_reset(resets.pop(0))
+                self._rules.breaker_reset(resets.pop(0))
             if decision is not None:
-                self.rules.record(stored.event, decision, stored.received.wall)
+                self._rules.record(stored.event, decision, stored.received.wall)
         for at in resets:
-            self.rules.breaker_reset(at)
+            self._rules.breaker_reset(at)
+        self._rules.still_promised(spares_promised(self._journal.pending_actions()))
 
     def _resets(self) -> list[float]:
-        return [float(t) for t in json.loads(self.journal.get_meta(RESETS_KEY) or "[]")]
+        return [float(t) for t in json.loads(self._journal.get_meta(RESETS_KEY) or "[]")]
 
     def step(self) -> None:
         """One turn of the worker: commands, new events, actions, reconcile."""
@@ -199,52 +230,49 @@ class Engine:
         self.decide_pending()
         # Single actions (promotions, requeues) yield after a while to the next step, which
         # decides what arrived meanwhile first: a storm's decisions never wait behind them.
-        self.executor.deadline = self.clock.now().mono + self.settings.apply_slice_s
-        try:
-            self.executor.run_pending()
-        finally:
-            self.executor.deadline = None
-        if self.executor.cut_short:
+        deadline = self._clock.now().mono + self._settings.apply_slice_s
+        if self._executor.run_pending(deadline).cut_short:
             self._wake.set()  # more to apply: straight into the next step
             return
         self.reconcile()
+
+    def reconcile(self) -> None:
+        """The reconcile tick (:class:`recovery.coordinator.reconcile.Reconciler`): every
+        step in order, against Slurm as this step read it."""
+        self._reconciler.run(self._seen)
 
     # --- CoordinatorApi -----------------------------------------------------------------
 
     def submit(self, events: Sequence[HealthEvent]) -> None:
         """Wake the worker: new events are in the journal."""
         if events:
+            self._observer.submitted(events)
             self._wake.set()
 
     def nodes(self) -> list[dict[str, Any]]:
-        with self._lock:
-            view, at, suspects, kube = self._view, self._view_at, self._suspects, self._kube_view
-        return node_rows(view, self.journal.incidents(open_only=True), at, suspects, kube)
+        seen, suspects = self._seen, self._reconciler.suspects
+        incidents = self._journal.incidents(open_only=True)
+        return node_rows(seen.nodes, incidents, seen.at, suspects, seen.kube)
 
     def status(self) -> dict[str, Any]:
-        with self._lock:
-            view, at, suspects, kube = self._view, self._view_at, self._suspects, self._kube_view
+        seen, suspects = self._seen, self._reconciler.suspects
         return status_view(
-            view,
-            self.journal.incidents(open_only=True),
+            seen.nodes,
+            self._journal.incidents(open_only=True),
             self.breaker(),
-            at,
+            seen.at,
             suspects,
-            dry_run=self.settings.executor.dry_run,
-            kube=kube,
+            dry_run=self._settings.executor.dry_run,
+            kube=seen.kube,
         )
 
     def node_names(self) -> set[str]:
         """The Slurm nodes as last seen (what Kubernetes events may name)."""
-        with self._lock:
-            return {n.name for n in self._view}
+        return {n.name for n in self._seen.nodes}
 
     def breaker(self) -> dict[str, Any]:
-        with self._lock:
-            view = self._view
-        return breaker_view(
-            self.rules.breaker_status(view, self.clock.now().wall), self.journal.held_actions()
-        )
+        status = self._rules.breaker_status(self._seen.nodes, self._clock.now().wall)
+        return breaker_view(status, self._journal.held_actions())
 
     def repaired(self, node: str) -> dict[str, Any]:
         return self._command(lambda: self._repaired(node))
@@ -258,7 +286,7 @@ class Engine:
         fut: Future[T] = Future()
         self._commands.put((fn, fut))
         self._wake.set()
-        return fut.result(self.settings.command_timeout_s)
+        return fut.result(self._settings.command_timeout_s)
 
     def _run_commands(self) -> None:
         while True:
@@ -274,46 +302,42 @@ class Engine:
     # --- deciding -----------------------------------------------------------------------
 
     def _refresh(self) -> None:
-        view = tuple(self.slurm.nodes())
-        jobs = tuple(self.slurm.jobs())
-        layout = layout_json(view)
+        nodes = tuple(self._slurm.nodes())
+        jobs = tuple(self._slurm.jobs())
+        layout = layout_json(nodes)
         if layout != self._layout:
             # Kept so that `recover policy replay` can re-decide against the same cluster.
-            self.journal.set_meta(LAYOUT_KEY, layout)
+            self._journal.set_meta(LAYOUT_KEY, layout)
             self._layout = layout
-        by_node: dict[str, list[JobInfo]] = {}
-        for j in jobs:
-            for n in j.nodes:
-                by_node.setdefault(n, []).append(j)
-        self._jobs_by_node = by_node
-        now = self.clock.now()
-        kube = self.kube.view(now.mono) if self.kube is not None else {}
-        with self._lock:
-            self._view, self._jobs, self._view_at, self._kube_view = view, jobs, now, kube
+        now = self._clock.now()
+        kube = self._kube.view(now.mono) if self._kube is not None else {}
+        self._seen = Snapshot(nodes, jobs, now, kube)
 
     def decide_pending(self) -> int:
         """Decide every acknowledged, undecided event in arrival order; returns how many."""
-        pending = self.journal.undecided()
-        n = self.settings.decide_batch
+        pending = self._journal.undecided()
+        n = self._settings.decide_batch
         for start in range(0, len(pending), n):
-            with self.journal.batch():
-                for stored in pending[start : start + n]:
-                    self._decide(stored)
+            with self._journal.batch():
+                decisions = [self._decide(stored) for stored in pending[start : start + n]]
+            self._observer.decided(decisions)
         return len(pending)
 
-    def _decide(self, stored: StoredEvent) -> None:
+    def _decide(self, stored: StoredEvent) -> Decision:
+        """Decide, record and fold one event (a spare it promises is not chosen again)."""
         ev, received = stored.event, stored.received
-        decision = self.rules.decide(ev, self._view, received.wall)
-        self.journal.record_decision(decision, self.clock.now())
-        self.rules.record(ev, decision, received.wall)
+        decision = self._rules.decide(ev, self._seen.nodes, received.wall)
+        self._journal.record_decision(decision, self._clock.now())
+        self._rules.record(ev, decision, received.wall)
         if not (decision.opens and decision.incident):
-            return
+            return decision
         inc = decision.incident
         lag = max(0.0, received.wall - ev.observed_at)
-        self.journal.add_phase(inc, Phase("fault", Stamp(ev.observed_at, received.mono - lag)))
-        self.journal.add_phase(inc, Phase("received", received))
-        jobs = [j for j in self._jobs_by_node.get(ev.node, ()) if not j.finished]
-        self.journal.update_incident(
+        observed = Stamp(ev.observed_at, received.mono - lag)
+        self._journal.add_phase(inc, Phase(PhaseName.fault, observed))
+        self._journal.add_phase(inc, Phase(PhaseName.received, received))
+        jobs = [j for j in self._seen.jobs_by_node.get(ev.node, ()) if j.active]
+        self._journal.update_incident(
             inc,
             jobs=[j.job_id for j in jobs],
             info={
@@ -322,100 +346,16 @@ class Engine:
             },
         )
         if decision.held:
-            self.journal.add_phase(inc, Phase("held", self.clock.now(), decision.why))
-
-    # --- reconciling --------------------------------------------------------------------
-
-    def reconcile(self) -> None:
-        """Compare open incidents with Slurm's state and finish what is missing."""
-        now = self.clock.now()
-        open_incidents = self.journal.incidents(open_only=True)
-        fresh = unreachable_events(self._view, {i.node for i in open_incidents}, now.wall)
-        if fresh and any(self.journal.append_events(fresh, now)):
-            self._wake.set()
-        by_name = {n.name: n for n in self._view}
-        for rec in self.journal.pending_actions():
-            if rec.status != ActionStatus.waiting:
-                continue
-            if isinstance(rec.action, SaveThenRequeue):
-                self.executor.finish_save(rec)
-            elif isinstance(rec.action, PromoteSpare) and any(map(is_ready_spare, self._view)):
-                self.executor.retry_promotion(rec)
-            elif isinstance(rec.action, TakeDown | Drain) and self.kube is not None:
-                self.kube.finish_operator_take_out(rec, by_name.get(rec.action.node), self.slurm)
-        self._expire_held(now)
-        self._watch_heartbeats(now)
-        self._run_repair_checks(now)
-        if self.kube is not None:
-            seen = self._view_at.mono if self._view_at else None
-            self.kube.reconcile(self.journal.incidents(open_only=True), by_name, seen)
-        for inc in self.journal.incidents(open_only=True):
-            progress = follow_jobs(inc, self._jobs)
-            for name, detail in progress.phases:
-                self.journal.add_phase(inc.id, Phase(name, now, detail))
-            kube_done = self.kube is None or finished(inc, self.kube.mode)
-            if progress.resolved and settled(inc) and kube_done:
-                why = "jobs running again" if inc.jobs else "no job ran on the node"
-                self.journal.close_incident(inc.id, now, f"actions done; {why}")
-
-    def _watch_heartbeats(self, now: Stamp) -> None:
-        """A node whose agent fell silent becomes a suspect: one ``heartbeat-lost`` event per
-        silence, journaled and decided like any other (the policy says what it means)."""
-        if self.heartbeats is None:
-            return
-        silent = frozenset(self.heartbeats.silent(now.mono, self.settings.suspect_after_s))
-        fresh = [
-            HealthEvent(
-                id=f"heartbeat-lost-{node}-{int(now.wall)}",
-                node=node,
-                source=Source.heartbeat,
-                fault=HEARTBEAT_LOST,
-                observed_at=now.wall,
-                message=f"no heartbeat from the agent for {self.settings.suspect_after_s:g} s",
-            )
-            for node in sorted(silent - self._suspects)
-        ]
-        with self._lock:
-            self._suspects = silent
-        if fresh:
-            self.journal.append_events(fresh, now)
-            self._wake.set()
-
-    def _run_repair_checks(self, now: Stamp) -> None:
-        """Every ``repair_check.interval_s`` seconds, check each node we hold out; one that
-        passes goes back to the pool exactly as `recover node repaired` would send it."""
-        check = self.rules.config.repair_check
-        if check is None or self.checker is None:
-            return
-        for node in self.rules.out_nodes():
-            if now.mono - self._checked.get(node, -1e18) < check.interval_s:
-                continue
-            self._checked[node] = now.mono
-            if not self.checker.passes(node):
-                continue
-            try:
-                self._repaired(node, "repair check passed")
-            except UsageError as e:  # flapping, or someone else holds it now: it stays out
-                self.log(f"repair check passed for {node}, but it stays out: {e}")
-
-    def _expire_held(self, now: Stamp) -> list[int]:
-        expired = []
-        for rec in self.journal.held_actions():
-            if rec.planned and now.wall - rec.planned.wall > self.rules.hold_max_age_s:
-                age = now.wall - rec.planned.wall
-                self.journal.record_outcome(
-                    rec.id, ActionStatus.expired, now, detail=f"held {age:.0f} s; too old to replay"
-                )
-                expired.append(rec.id)
-        return expired
+            self._journal.add_phase(inc, Phase(PhaseName.held, self._clock.now(), decision.why))
+        return decision
 
     # --- operator commands (worker thread) ------------------------------------------------
 
     def _repaired(self, node: str, why: str = "operator: node repaired") -> dict[str, Any]:
-        known = {n.name for n in self._view}
+        known = {n.name for n in self._seen.nodes}
         if node not in known:
             raise unknown_choice("node", node, known)
-        now = self.clock.now()
+        now = self._clock.now()
         event = HealthEvent(
             id=f"repaired-{node}-{int(now.wall * 1000)}",
             node=node,
@@ -424,26 +364,26 @@ class Engine:
             observed_at=now.wall,
             message=why,
         )
-        refusal = self.rules.refuse_repair(node, self._view, now.wall)
+        refusal = self._rules.refuse_repair(node, self._seen.nodes, now.wall)
         if refusal:
             raise UsageError(refusal)
-        self.journal.append_events([event], now)
+        self._journal.append_events([event], now)
         self.decide_pending()
-        self.executor.run_pending()
+        self._executor.run_pending()
         return {"node": node, "event": event.id, "result": "returned to the spare pool"}
 
     def _breaker_reset(self) -> dict[str, Any]:
-        now = self.clock.now()
-        expired = self._expire_held(now)
+        now = self._clock.now()
+        expired = expire_held(self._journal, self._rules.hold_max_age_s, now)
         released = []
-        for rec in self.journal.held_actions():
-            self.journal.record_outcome(rec.id, ActionStatus.planned, now, detail="released")
-            self.journal.add_phase(rec.incident, Phase("released", now, "breaker reset"))
+        for rec in self._journal.held_actions():
+            self._journal.record_outcome(rec.id, ActionStatus.planned, now, detail="released")
+            self._journal.add_phase(rec.incident, Phase(PhaseName.released, now, "breaker reset"))
             released.append(rec.id)
-        self.rules.breaker_reset(now.wall)
-        self.journal.set_meta(RESETS_KEY, json.dumps([*self._resets(), now.wall]))
+        self._rules.breaker_reset(now.wall)
+        self._journal.set_meta(RESETS_KEY, json.dumps([*self._resets(), now.wall]))
         try:
-            self.executor.run_pending()
+            self._executor.run_pending()
         except RecoverError as e:
-            self.log(f"breaker reset: actions will be retried: {e}")
+            self._log(f"breaker reset: actions will be retried: {e}")
         return {"released": released, "expired": expired}

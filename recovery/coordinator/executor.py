@@ -1,15 +1,18 @@
 """The executor: applies planned actions through the Slurm port and records each outcome.
 
 Actions of one incident run in the order they were planned. An action that must wait
-(checkpoint-then-requeue waiting for the jobs to save and leave, a promotion with an empty
-pool) is left ``waiting`` and does not hold up the actions after it; the reconcile tick
-(:mod:`recovery.coordinator.reconcile`) finishes it later.
+(checkpoint-then-requeue waiting for the jobs to save and leave, a promotion whose spare is
+gone or that has none) is left ``waiting`` and does not hold up the actions after it; the
+engine's reconcile tick (:mod:`recovery.coordinator.reconcile`) finishes it later, for a
+promotion once the policy chose a spare again.
 
 Restart safety: every action is idempotent through the port (a take-down of a node already
 down with our reason changes nothing and runs no ``scontrol update``), and the two actions
 whose effect cannot be read back from Slurm alone record what they are about to do *before*
-doing it: the spare chosen for a promotion, and the jobs signalled for a save. A coordinator
-killed in between finds that note and does not choose a second spare or signal twice.
+doing it: the spare being promoted (``IncidentInfo.spare``), and the jobs signalled for a save
+(``IncidentInfo.save``). A coordinator killed in between finds that note and does not promote
+a second spare or signal twice. The spare a decision chose is not such a note: another
+incident may have taken it since, so it is promoted only while it is still a ready spare.
 
 Transient errors (slurmctld unreachable) are retried with backoff (:func:`recovery.retry.retry`);
 an action still failing stays ``planned`` and is tried again on the next tick, until
@@ -36,15 +39,17 @@ from recovery.model import (
     TakeDown,
 )
 from recovery.ports.clock import Clock
-from recovery.ports.journal import ActionRecord, ActionStatus, Journal, Phase
+from recovery.ports.journal import (
+    ActionRecord,
+    ActionStatus,
+    Journal,
+    Phase,
+    PhaseName,
+    SaveNote,
+)
 from recovery.ports.slurm import NodeInfo, SlurmControl
 from recovery.retry import Backoff, retry
 from recovery.spares import SparePool, is_ready_spare
-
-#: Jobs in these states still occupy their node.
-ACTIVE_JOB_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"})
-
-ChooseSpare = Callable[[Sequence[NodeInfo], str], NodeInfo | None]
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,15 @@ class ExecutorSettings:
     dry_run: bool = False
 
 
+@dataclass(frozen=True)
+class Applied:
+    """What one :meth:`Executor.run_pending` did: how many actions changed status, and
+    whether it stopped at the deadline with single actions left to apply."""
+
+    changed: int = 0
+    cut_short: bool = False
+
+
 class Executor:
     """Applies actions for the engine; called from the engine's worker thread only."""
 
@@ -71,47 +85,41 @@ class Executor:
         journal: Journal,
         slurm: SlurmControl,
         clock: Clock,
-        choose_spare: ChooseSpare,
         settings: ExecutorSettings = ExecutorSettings(),  # frozen, one shared default is safe
         sleep: Callable[[float], None] | None = None,
         log: Callable[[str], None] = lambda _msg: None,
         kube: KubeFollow | None = None,
     ) -> None:
-        self.journal = journal
-        self.kube = kube
+        self._journal = journal
+        self._kube = kube
         """Kubernetes, when configured: take-outs through the slurm-operator (Slinky), and a
         repaired node's marks cleared as it returns to the pool."""
-        self.slurm = slurm
-        self.clock = clock
-        self.choose_spare = choose_spare
-        self.settings = settings
+        self._slurm = slurm
+        self._clock = clock
+        self._settings = settings
         self._sleep = sleep
-        self.log = log
-        self.pool = SparePool(slurm)
-        self.deadline: float | None = None
-        """Monotonic time after which single actions wait for the next step (which decides
-        new events first); None: no limit. Batched take-downs always run."""
-        self.cut_short = False
+        self._log = log
+        self._pool = SparePool(slurm)
         self._spares: list[NodeInfo] | None = None
+        """The ready spares, read once per round of promotions (None: not read yet)."""
 
     # --- driving ------------------------------------------------------------------------
 
-    def run_pending(self) -> int:
+    def run_pending(self, deadline: float | None = None) -> Applied:
         """Apply every planned action whose predecessors in its incident are done or waiting.
-        Take-downs and drains with the same reason go out as one Slurm call. Returns how many
-        actions changed status."""
+        Take-downs and drains with the same reason go out as one Slurm call. Past
+        ``deadline`` (monotonic seconds; None: no limit) single actions are left for the next
+        call, so that the engine decides new events first; batched take-downs always run."""
         changed = 0
-        self.cut_short = False
-        while not self.cut_short:
-            ready = self._ready(self.journal.pending_actions())
+        while True:
+            ready = self._ready(self._journal.pending_actions())
             self._spares = None
             if not ready:
-                return changed
-            progressed = self._apply_round(ready)
+                return Applied(changed)
+            progressed, cut_short = self._apply_round(ready, deadline)
             changed += progressed
-            if not progressed:
-                return changed
-        return changed
+            if cut_short or not progressed:
+                return Applied(changed, cut_short)
 
     @staticmethod
     def _ready(pending: Sequence[ActionRecord]) -> list[ActionRecord]:
@@ -123,11 +131,15 @@ class Executor:
                 firsts[rec.incident] = rec
         return list(firsts.values())
 
-    def _apply_round(self, ready: Sequence[ActionRecord]) -> int:
-        if self.settings.dry_run:
+    def _apply_round(
+        self, ready: Sequence[ActionRecord], deadline: float | None
+    ) -> tuple[int, bool]:
+        """Apply one round; returns how many changed status and whether the deadline cut it
+        short."""
+        if self._settings.dry_run:
             for rec in ready:
                 self._finish(rec, ActionStatus.skipped, "dry run: decided, not applied")
-            return len(ready)
+            return len(ready), False
         batches: dict[tuple[str, str], list[ActionRecord]] = defaultdict(list)
         singles: list[ActionRecord] = []
         for rec in ready:
@@ -140,46 +152,45 @@ class Executor:
         for (kind, reason), recs in batches.items():
             progressed += self._take_out(kind, reason, recs)
         for rec in singles:
-            if self.deadline is not None and self.clock.now().mono > self.deadline:
-                self.cut_short = True
-                break
+            if deadline is not None and self._clock.now().mono > deadline:
+                return progressed, True
             progressed += self._apply_one(rec)
-        return progressed
+        return progressed, False
 
     # --- outcomes -----------------------------------------------------------------------
 
     def _finish(self, rec: ActionRecord, status: ActionStatus, detail: str) -> None:
-        self.journal.record_outcome(
-            rec.id, status, self.clock.now(), detail=detail, attempts=rec.attempts + 1
+        self._journal.record_outcome(
+            rec.id, status, self._clock.now(), detail=detail, attempts=rec.attempts + 1
         )
 
-    def _phase(self, incident: str, name: str, detail: str = "") -> None:
-        self.journal.add_phase(incident, Phase(name, self.clock.now(), detail))
+    def _phase(self, incident: str, name: PhaseName, detail: str = "") -> None:
+        self._journal.add_phase(incident, Phase(name, self._clock.now(), detail))
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         if self._sleep is None:
-            return retry(fn, self.settings.backoff)
-        return retry(fn, self.settings.backoff, sleep=self._sleep)
+            return retry(fn, self._settings.backoff)
+        return retry(fn, self._settings.backoff, sleep=self._sleep)
 
     def _failed_transiently(self, rec: ActionRecord, error: TransientError) -> int:
         attempts = rec.attempts + 1
-        if attempts >= self.settings.max_attempts:
+        if attempts >= self._settings.max_attempts:
             self._finish(rec, ActionStatus.failed, f"gave up after {attempts} attempts: {error}")
             return 1
         # Still planned: the next tick tries again. Recording the attempt keeps the count.
-        self.journal.record_outcome(
-            rec.id, ActionStatus.planned, self.clock.now(), detail=str(error), attempts=attempts
+        self._journal.record_outcome(
+            rec.id, ActionStatus.planned, self._clock.now(), detail=str(error), attempts=attempts
         )
-        self.log(f"{rec.action.kind} {rec.action.node}: {error}; will retry")
+        self._log(f"{rec.action.kind} {rec.action.node}: {error}; will retry")
         return 0
 
     # --- take-downs and drains, batched ---------------------------------------------------
 
     def _take_out(self, kind: str, reason: str, recs: Sequence[ActionRecord]) -> int:
-        if self.kube is not None and self.kube.mode.via_operator:
+        if self._kube is not None and self._kube.mode.via_operator:
             return sum(self._apply_one(r) for r in recs)  # one pod annotation per node
         nodes = sorted({r.action.node for r in recs})
-        many = self.slurm.down_many if kind == TakeDown.kind else self.slurm.drain_many
+        many = self._slurm.down_many if kind == TakeDown.kind else self._slurm.drain_many
         try:
             changed = set(self._call(lambda: many(nodes, reason)))
         except TransientError as e:
@@ -190,10 +201,10 @@ class Executor:
                 return 1
             # One refused node must not sink the others: apply them one by one.
             return sum(self._apply_one(r) for r in recs)
-        phase = "node-down" if kind == TakeDown.kind else "node-drained"
+        phase = PhaseName.node_down if kind == TakeDown.kind else PhaseName.node_drained
         # One commit for all outcomes: Slurm already acted, and a restart before the commit
         # only applies the take-downs again, which changes nothing.
-        with self.journal.batch():
+        with self._journal.batch():
             for r in recs:
                 node = r.action.node
                 note = "" if node in changed else "already held"
@@ -228,32 +239,30 @@ class Executor:
         # One node alone: what a refused batch falls back to.
         a = rec.action
         assert isinstance(a, TakeDown | Drain)
-        if self.kube is not None and self.kube.mode.via_operator:
-            return self.kube.operator_take_out(rec)
+        if self._kube is not None and self._kube.mode.via_operator:
+            return self._kube.operator_take_out(rec)
         down = isinstance(a, TakeDown)
-        changed = (self.slurm.down if down else self.slurm.drain)(a.node, a.reason)
-        phase = "node-down" if down else "node-drained"
+        changed = (self._slurm.down if down else self._slurm.drain)(a.node, a.reason)
+        phase = PhaseName.node_down if down else PhaseName.node_drained
         self._phase(rec.incident, phase, a.node if changed else f"{a.node} already held")
         return ActionStatus.done, "changed" if changed else "already held"
 
     def _signal_for_save(self, rec: ActionRecord) -> tuple[ActionStatus, str]:
         a = rec.action
         assert isinstance(a, SaveThenRequeue)
-        info = self.journal.incident(rec.incident).info
-        save = info.get("save")
+        save = self._journal.incident(rec.incident).info.get("save")
         if save is None:
-            jobs = [j.job_id for j in self.slurm.jobs_on(a.node)]
-            now = self.clock.now()
-            save = {
-                "jobs": jobs,
-                "signalled_mono": now.mono,
-                "deadline_mono": now.mono + a.timeout_s,
-            }
+            jobs = [j.job_id for j in self._slurm.jobs_on(a.node)]
+            now = self._clock.now()
+            save = SaveNote(
+                jobs=jobs, signalled_mono=now.mono, deadline_mono=now.mono + a.timeout_s
+            )
             # Noted before signalling: a restarted coordinator must not signal twice.
-            self.journal.update_incident(rec.incident, info={"save": save})
+            self._journal.update_incident(rec.incident, info={"save": save})
             for job in jobs:
-                self.slurm.signal_job(job, "USR1")
-            self._phase(rec.incident, "jobs-signalled", " ".join(jobs) or "no jobs on the node")
+                self._slurm.signal_job(job, "USR1")
+            jobs_text = " ".join(jobs) or "no jobs on the node"
+            self._phase(rec.incident, PhaseName.jobs_signalled, jobs_text)
         if not save["jobs"]:
             return ActionStatus.done, "no jobs to save"
         return ActionStatus.waiting, f"USR1 sent to {' '.join(save['jobs'])}; waiting for the save"
@@ -263,76 +272,96 @@ class Executor:
         deadline requeue what is still there. Returns True when the action completed."""
         a = rec.action
         assert isinstance(a, SaveThenRequeue)
-        save = self.journal.incident(rec.incident).info.get("save") or {}
-        jobs = set(save.get("jobs", []))
+        save = self._journal.incident(rec.incident).info.get("save")
+        jobs = set(save["jobs"]) if save else set()
         try:
-            still = [j for j in self._call(lambda: self.slurm.jobs_on(a.node)) if j.job_id in jobs]
+            on_node = self._call(lambda: self._slurm.jobs_on(a.node))
+            still = [j for j in on_node if j.job_id in jobs]
             if not still:
-                self._phase(rec.incident, "jobs-saved", "the jobs saved and left the node")
+                self._phase(rec.incident, PhaseName.jobs_saved, "the jobs saved and left the node")
                 self._finish(rec, ActionStatus.done, "jobs saved and left")
                 return True
-            if self.clock.now().mono < float(save.get("deadline_mono", 0.0)):
+            if save and self._clock.now().mono < save["deadline_mono"]:
                 return False
             for j in still:
-                self._call(functools.partial(self.slurm.requeue, j.job_id))
+                self._call(functools.partial(self._slurm.requeue, j.job_id))
         except TransientError as e:
-            self.log(f"save-requeue {a.node}: {e}; will retry")
+            self._log(f"save-requeue {a.node}: {e}; will retry")
             return False
         except RecoverError as e:
             self._finish(rec, ActionStatus.failed, str(e))
             return True
         ids = " ".join(j.job_id for j in still)
-        self._phase(rec.incident, "save-timeout", f"requeued {ids} without a save")
+        self._phase(rec.incident, PhaseName.save_timeout, f"requeued {ids} without a save")
         self._finish(rec, ActionStatus.done, f"deadline passed; requeued {ids}")
         return True
 
     def _requeue_all(self, rec: ActionRecord) -> tuple[ActionStatus, str]:
         node = rec.action.node
-        jobs = self.slurm.jobs_on(node)
-        done = [j.job_id for j in jobs if self.slurm.requeue(j.job_id)]
-        self._phase(rec.incident, "jobs-requeued", " ".join(done) or "no jobs to requeue")
+        jobs = self._slurm.jobs_on(node)
+        done = [j.job_id for j in jobs if self._slurm.requeue(j.job_id)]
+        self._phase(rec.incident, PhaseName.jobs_requeued, " ".join(done) or "no jobs to requeue")
         return ActionStatus.done, f"requeued {' '.join(done)}" if done else "no jobs to requeue"
 
     def _promote(self, rec: ActionRecord) -> tuple[ActionStatus, str]:
-        chosen = self.journal.incident(rec.incident).info.get("spare")
-        if chosen is not None:
-            return self._promote_noted(rec, str(chosen))
-        if self._spares is None:  # one read of the pool per round of promotions
-            self._spares = [n for n in self.slurm.nodes() if is_ready_spare(n)]
-        pick = self.choose_spare(self._spares, rec.action.node)
+        a = rec.action
+        assert isinstance(a, PromoteSpare)
+        info = self._journal.incident(rec.incident).info
+        noted = info.get("spare")
+        if noted is not None:
+            return self._promote_noted(rec, noted)
+        chosen = info.get("spare_rechosen", a.spare)
+        pool = self._pool_now()
+        pick = next((n for n in pool if n.name == chosen), None)
         if pick is None:
-            self._phase(rec.incident, "no-spare", "the spare pool is empty")
-            return ActionStatus.waiting, "no ready spare in the pool; waiting for one"
-        self._spares.remove(pick)
+            if not pool:
+                self._phase(rec.incident, PhaseName.no_spare, "the spare pool is empty")
+                return ActionStatus.waiting, "no ready spare in the pool; waiting for one"
+            gone = "no spare was chosen" if chosen is None else f"{chosen} is not a ready spare"
+            return ActionStatus.waiting, f"{gone}; waiting for the policy to choose again"
+        pool.remove(pick)
         # Noted before promoting: a restarted coordinator finds this spare and finishes its
         # promotion rather than taking a second one.
-        self.journal.update_incident(rec.incident, info={"spare": pick.name})
-        self.slurm.resume(pick.name)
-        self._phase(rec.incident, "spare-promoted", pick.name)
+        self._journal.update_incident(rec.incident, info={"spare": pick.name})
+        self._slurm.resume(pick.name)
+        self._phase(rec.incident, PhaseName.spare_promoted, pick.name)
         return ActionStatus.done, f"promoted {pick.name}"
 
-    def _promote_noted(self, rec: ActionRecord, chosen: str) -> tuple[ActionStatus, str]:
-        # A spare chosen earlier (before a restart, or on a tick that failed): promoted
-        # already, still ready, or gone (stopped answering, taken by someone): choose again.
-        node = self.slurm.node(chosen)
+    def _promote_noted(self, rec: ActionRecord, noted: str) -> tuple[ActionStatus, str]:
+        # A spare noted earlier (before a restart, or on a tick that failed): promoted
+        # already, still ready, or gone (stopped answering, taken by someone): then the
+        # policy chooses again.
+        node = self._slurm.node(noted)
         if node.in_service:
-            self._phase(rec.incident, "spare-promoted", chosen)
-            return ActionStatus.done, f"promoted {chosen}"
+            self._phase(rec.incident, PhaseName.spare_promoted, noted)
+            return ActionStatus.done, f"promoted {noted}"
         if not is_ready_spare(node):
-            self.journal.update_incident(rec.incident, info={"spare": None})
-            return ActionStatus.planned, f"{chosen} is no longer a ready spare; choosing again"
-        self.slurm.resume(chosen)
-        self._phase(rec.incident, "spare-promoted", chosen)
-        return ActionStatus.done, f"promoted {chosen}"
+            self._journal.update_incident(rec.incident, info={"spare": None})
+            return ActionStatus.waiting, (
+                f"{noted} is no longer a ready spare; waiting for the policy to choose again"
+            )
+        self._slurm.resume(noted)
+        self._phase(rec.incident, PhaseName.spare_promoted, noted)
+        return ActionStatus.done, f"promoted {noted}"
+
+    def _pool_now(self) -> list[NodeInfo]:
+        if self._spares is None:  # one read of the pool per round of promotions
+            self._spares = [n for n in self._slurm.nodes() if is_ready_spare(n)]
+        return self._spares
+
+    def ready_spares(self) -> list[NodeInfo]:
+        """The spares ready to be promoted now: the pool as read for this round of
+        promotions, less the spares promoted since (a copy)."""
+        return list(self._pool_now())
 
     def retry_promotion(self, rec: ActionRecord) -> bool:
-        """A waiting promotion tries again (a spare may have been retired into the pool).
-        Returns True when its status changed."""
+        """A waiting promotion tries again, once the policy chose a spare again
+        (``IncidentInfo.spare_rechosen``). Returns True when its status changed."""
         return self._apply_one(rec) == 1
 
     def _retire(self, rec: ActionRecord) -> tuple[ActionStatus, str]:
-        changed = self.pool.retire(rec.action.node)
-        self._phase(rec.incident, "returned-to-pool", rec.action.node)
-        if self.kube is not None:  # a transient error here leaves the action planned: retried
-            self.kube.return_to_pool(rec)
+        changed = self._pool.retire(rec.action.node)
+        self._phase(rec.incident, PhaseName.returned_to_pool, rec.action.node)
+        if self._kube is not None:  # a transient error here leaves the action planned: retried
+            self._kube.return_to_pool(rec)
         return ActionStatus.done, "retired into the pool" if changed else "already a spare"

@@ -35,21 +35,23 @@ from recovery.errors import (
 from recovery.model import HealthEvent, Source, TakeDown
 from recovery.model.events import UNREACHABLE
 from recovery.ports.clock import Clock
-from recovery.ports.journal import ActionRecord, ActionStatus, IncidentRecord, Journal, Phase
+from recovery.ports.journal import (
+    ActionRecord,
+    ActionStatus,
+    IncidentRecord,
+    Journal,
+    Phase,
+    PhaseName,
+)
 from recovery.ports.nodes import KubeNode, NodeControl
 from recovery.ports.slurm import NodeInfo, SlurmControl
 
-MARKED = "k8s-marked"
-POD_DELETED = "slurmd-pod-deleted"
-POD_KEPT = "slurmd-pod-kept"
-SPARE_PROMOTED = "k8s-spare-promoted"
-SKIPPED = "k8s-skipped"
-FAILED = "k8s-failed"
-CLEARED = "k8s-cleared"
-SPARE_RETIRED = "k8s-spare-retired"
-OPERATOR_DRAIN = "operator-drain-requested"
+#: Phases that end an incident's Kubernetes steps.
+ENDED = frozenset({PhaseName.k8s_skipped, PhaseName.k8s_failed})
 #: Phases after which Slurm holds the node out (written by the executor).
-TAKEN_OUT = ("node-down", "node-drained")
+TAKEN_OUT = frozenset({PhaseName.node_down, PhaseName.node_drained})
+#: Phases that settle the slurmd pod: removed, or kept (the node came back first).
+POD_SETTLED = frozenset({PhaseName.slurmd_pod_deleted, PhaseName.slurmd_pod_kept})
 
 
 @dataclass(frozen=True)
@@ -79,40 +81,46 @@ def released(node: NodeInfo | None) -> bool:
 
 def due(
     inc: IncidentRecord, slurm: NodeInfo | None, mode: KubeMode, seen_at: float | None = None
-) -> str | None:
+) -> PhaseName | None:
     """The next Kubernetes step ``inc`` needs now (a phase name), or None. Pure.
 
     ``slurm`` is the node as Slurm showed it at ``seen_at`` (monotonic seconds); a look taken
     before the take-out was recorded says nothing about the pod yet (None: no such check).
     """
     have = {p.name for p in inc.phases}
-    if have & {SKIPPED, FAILED}:
+    if have & ENDED:
         return None
-    if have & set(TAKEN_OUT) and MARKED not in have:
-        return MARKED
+    if have & TAKEN_OUT and PhaseName.k8s_marked not in have:
+        return PhaseName.k8s_marked
     taken = [p.at.mono for p in inc.phases if p.name in TAKEN_OUT]
     if seen_at is not None and (not taken or seen_at <= min(taken)):
         slurm = None  # seen before Slurm took the node out: wait for the next look
-    if MARKED in have and mode.delete_pods and not have & {POD_DELETED, POD_KEPT}:
+    if PhaseName.k8s_marked in have and mode.delete_pods and not have & POD_SETTLED:
         if released(slurm):
-            return POD_DELETED
+            return PhaseName.slurmd_pod_deleted
         if slurm is not None and slurm.in_service:
-            return POD_KEPT
-    if "spare-promoted" in have and inc.info.get("spare") and SPARE_PROMOTED not in have:
-        return SPARE_PROMOTED
+            return PhaseName.slurmd_pod_kept
+    if _spare_due(inc, have):
+        return PhaseName.k8s_spare_promoted
     return None
+
+
+def _spare_due(inc: IncidentRecord, have: set[PhaseName]) -> bool:
+    """Slurm promoted the incident's spare; Kubernetes did not yet."""
+    promoted = PhaseName.spare_promoted in have and inc.info.get("spare")
+    return bool(promoted) and PhaseName.k8s_spare_promoted not in have
 
 
 def finished(inc: IncidentRecord, mode: KubeMode) -> bool:
     """No Kubernetes step of ``inc`` is outstanding: the incident may close. Pure."""
     have = {p.name for p in inc.phases}
-    if have & {SKIPPED, FAILED}:
+    if have & ENDED:
         return True
-    if have & set(TAKEN_OUT) and MARKED not in have:
+    if have & TAKEN_OUT and PhaseName.k8s_marked not in have:
         return False
-    if MARKED in have and mode.delete_pods and not have & {POD_DELETED, POD_KEPT}:
+    if PhaseName.k8s_marked in have and mode.delete_pods and not have & POD_SETTLED:
         return False
-    return not ("spare-promoted" in have and inc.info.get("spare") and SPARE_PROMOTED not in have)
+    return not _spare_due(inc, have)
 
 
 def unready_event(node: KubeNode, now_wall: float) -> HealthEvent | None:
@@ -157,7 +165,7 @@ class KubeFollow:
         self._view: dict[str, KubeNode] = {}
         self._view_at: float | None = None
 
-    def _phase(self, incident: str, name: str, detail: str = "") -> None:
+    def _phase(self, incident: str, name: PhaseName, detail: str = "") -> None:
         self.journal.add_phase(incident, Phase(name, self.clock.now(), detail))
 
     # --- per tick -------------------------------------------------------------------------
@@ -178,33 +186,33 @@ class KubeFollow:
                     break
                 inc = self.journal.incident(inc.id)
 
-    def _run(self, inc: IncidentRecord, step: str) -> bool:
+    def _run(self, inc: IncidentRecord, step: PhaseName) -> bool:
         try:
             detail = self._apply(inc, step)
         except KubeNotFoundError as e:
-            self._phase(inc.id, SKIPPED, f"no such Kubernetes node: {e}")
+            self._phase(inc.id, PhaseName.k8s_skipped, f"no such Kubernetes node: {e}")
             return False
         except TransientError as e:
             self.log(f"kubernetes {step} {inc.node}: {e}; will retry")
             return False
         except RecoverError as e:
-            self._phase(inc.id, FAILED, f"{step}: {e}")
+            self._phase(inc.id, PhaseName.k8s_failed, f"{step}: {e}")
             self.log(f"kubernetes {step} {inc.node} failed: {e}")
             return False
         self._phase(inc.id, step, detail)
         return True
 
-    def _apply(self, inc: IncidentRecord, step: str) -> str:
+    def _apply(self, inc: IncidentRecord, step: PhaseName) -> str:
         node = inc.node
-        if step == MARKED:
+        if step == PhaseName.k8s_marked:
             changed = self.nodes.mark_unhealthy(node, inc.fault, inc.id)
             return node if changed else f"{node} already marked"
-        if step == POD_DELETED:
+        if step == PhaseName.slurmd_pod_deleted:
             pods = self.nodes.delete_slurmd_pods(node)
             return " ".join(pods) or "no slurmd pod left"
-        if step == POD_KEPT:
+        if step == PhaseName.slurmd_pod_kept:
             return f"{node} back in service in Slurm before its pod was removed"
-        spare = str(inc.info["spare"])
+        spare = str(inc.info.get("spare"))
         changed = self.nodes.promote_spare(spare)
         return spare if changed else f"{spare} already promoted"
 
@@ -219,12 +227,13 @@ class KubeFollow:
             cleared = self.nodes.clear_marks(node)
             if self.mode.via_operator:
                 self.nodes.withdraw_operator_drain(node)
-            self._phase(rec.incident, CLEARED, node if cleared else f"{node} had none of ours")
+            note = node if cleared else f"{node} had none of ours"
+            self._phase(rec.incident, PhaseName.k8s_cleared, note)
             self.nodes.retire_spare(node)
         except KubeNotFoundError as e:
-            self._phase(rec.incident, SKIPPED, f"no such Kubernetes node: {e}")
+            self._phase(rec.incident, PhaseName.k8s_skipped, f"no such Kubernetes node: {e}")
             return
-        self._phase(rec.incident, SPARE_RETIRED, node)
+        self._phase(rec.incident, PhaseName.k8s_spare_retired, node)
 
     # --- Slinky: take-outs through the operator --------------------------------------------
 
@@ -232,7 +241,8 @@ class KubeFollow:
         """Ask the slurm-operator to drain the node (its pod annotation); the action waits
         until Slurm shows the drain (:meth:`finish_operator_take_out`)."""
         pods = self.nodes.request_operator_drain(rec.action.node, rec.incident)
-        self._phase(rec.incident, OPERATOR_DRAIN, " ".join(pods) or "already requested")
+        requested = " ".join(pods) or "already requested"
+        self._phase(rec.incident, PhaseName.operator_drain_requested, requested)
         return ActionStatus.waiting, "drain requested from the slurm-operator; waiting for it"
 
     def finish_operator_take_out(
@@ -257,7 +267,7 @@ class KubeFollow:
                 attempts=rec.attempts + 1,
             )  # fmt: skip
             return True
-        phase = "node-down" if node.down else "node-drained"
+        phase = PhaseName.node_down if node.down else PhaseName.node_drained
         self._phase(rec.incident, phase, f"{node.name} by the slurm-operator: {node.reason}")
         detail = "drained by the slurm-operator"
         if requeued:

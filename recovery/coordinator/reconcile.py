@@ -1,23 +1,47 @@
-"""Slurm as a source of truth: what the coordinator learns by looking, on every tick.
+"""The reconcile tick: Slurm as a source of truth, and everything that waits on time or on
+the cluster, as an ordered list of named steps (:attr:`Reconciler.steps`).
 
 * A node Slurm holds DOWN that no agent reported and that nobody marked (a crashed slurmd, a
   node that lost power) becomes a ``node-unreachable`` event - a failure no agent can report.
+* Waiting actions progress: saves (the jobs left, or the deadline passed), promotions (the
+  policy chooses a spare again), Slinky take-outs (the slurm-operator drained the node).
+* Held actions too old to replay expire; silent agents make their nodes suspects; nodes we
+  hold out are repair-checked; Kubernetes is kept in step (:mod:`recovery.coordinator.kube`).
 * The jobs that ran on an incident's node are followed: requeued (``jobs-requeued``), running
-  again (``job-running``, on which nodes), or finished.
-* An incident whose actions are all settled and whose jobs run again (or ended) is closed.
+  again (``job-running``, on which nodes), or finished; an incident whose actions are all
+  settled and whose jobs run again (or ended) is closed.
 
-Pure functions over snapshots (nodes, jobs, incidents); the engine applies what they return.
+A step that raises is logged by its name (a transient error in one line, anything else with
+its traceback) and the steps after it still run. The module's functions are pure over
+snapshots (nodes, jobs, incidents); the :class:`Reconciler` applies what they return.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Protocol
 
-from recovery.model import HealthEvent, Source
-from recovery.model.events import UNREACHABLE
-from recovery.ports.journal import ActionStatus, IncidentRecord
-from recovery.ports.slurm import JobInfo, NodeInfo, is_slurms_own
+from recovery.coordinator.executor import Executor
+from recovery.coordinator.kube import KubeFollow, finished
+from recovery.coordinator.rules import Rules
+from recovery.errors import TransientError, UsageError
+from recovery.model import Drain, HealthEvent, PromoteSpare, SaveThenRequeue, Source, TakeDown
+from recovery.model.events import HEARTBEAT_LOST, UNREACHABLE
+from recovery.ports.checks import RepairChecker
+from recovery.ports.clock import Clock, Stamp
+from recovery.ports.journal import (
+    ActionRecord,
+    ActionStatus,
+    IncidentRecord,
+    Journal,
+    Phase,
+    PhaseName,
+)
+from recovery.ports.nodes import KubeNode
+from recovery.ports.slurm import JobInfo, NodeInfo, SlurmControl, is_slurms_own
 
 #: Actions in these states still have work to do; an incident with any stays open.
 UNSETTLED = frozenset({ActionStatus.planned, ActionStatus.waiting, ActionStatus.held})
@@ -56,21 +80,20 @@ def unreachable_events(
 class JobProgress:
     """What to record about one incident's jobs: new phases, and whether they are resolved."""
 
-    phases: tuple[tuple[str, str], ...]
+    phases: tuple[tuple[PhaseName, str], ...]
     resolved: bool
 
 
-def follow_jobs(incident: IncidentRecord, jobs: Sequence[JobInfo]) -> JobProgress:
-    """Phases the incident's jobs reached, from one ``squeue`` snapshot.
+def follow_jobs(incident: IncidentRecord, by_id: Mapping[str, JobInfo]) -> JobProgress:
+    """Phases the incident's jobs reached, from one ``squeue`` snapshot (jobs by id).
 
     ``jobs-requeued`` once a job is pending again or its restart count rose; ``job-running``
     once every job that is still known runs again after a restart. Jobs Slurm forgot or that
     finished count as resolved.
     """
-    by_id = {j.job_id: j for j in jobs}
-    initial: dict[str, int] = incident.info.get("job_restarts", {})
+    initial = incident.info.get("job_restarts", {})
     have = {p.name for p in incident.phases}
-    phases: list[tuple[str, str]] = []
+    phases: list[tuple[PhaseName, str]] = []
     requeued: list[str] = []
     running: list[str] = []
     unresolved = 0
@@ -85,13 +108,253 @@ def follow_jobs(incident: IncidentRecord, jobs: Sequence[JobInfo]) -> JobProgres
             running.append(f"{job_id}@{','.join(job.nodes)}")
         else:
             unresolved += 1
-    if requeued and "jobs-requeued" not in have:
-        phases.append(("jobs-requeued", " ".join(requeued)))
-    if running and not unresolved and "job-running" not in have:
-        phases.append(("job-running", " ".join(running)))
+    if requeued and PhaseName.jobs_requeued not in have:
+        phases.append((PhaseName.jobs_requeued, " ".join(requeued)))
+    if running and not unresolved and PhaseName.job_running not in have:
+        phases.append((PhaseName.job_running, " ".join(running)))
     return JobProgress(tuple(phases), resolved=unresolved == 0)
 
 
 def settled(incident: IncidentRecord) -> bool:
     """Every action of the incident reached an end state."""
     return all(a.status not in UNSETTLED for a in incident.actions)
+
+
+def spares_promised(pending: Iterable[ActionRecord]) -> set[str]:
+    """The spares named by promotions still ``planned``: chosen, not promoted yet. (A waiting
+    promotion's spare was found gone: it promises nothing.)"""
+    return {
+        r.action.spare
+        for r in pending
+        if r.status == ActionStatus.planned
+        and isinstance(r.action, PromoteSpare)
+        and r.action.spare is not None
+    }
+
+
+def expire_held(journal: Journal, max_age_s: float, now: Stamp) -> list[int]:
+    """Record every held action older than ``max_age_s`` as ``expired`` (never replayed
+    blindly); returns their ids."""
+    expired = []
+    for rec in journal.held_actions():
+        if rec.planned and now.wall - rec.planned.wall > max_age_s:
+            age = now.wall - rec.planned.wall
+            journal.record_outcome(
+                rec.id, ActionStatus.expired, now, detail=f"held {age:.0f} s; too old to replay"
+            )
+            expired.append(rec.id)
+    return expired
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Slurm (and Kubernetes) as the engine read them at the start of a step: what the
+    step's decisions and its reconcile tick go by, and what ``recover status`` shows."""
+
+    nodes: tuple[NodeInfo, ...] = ()
+    jobs: tuple[JobInfo, ...] = ()
+    at: Stamp | None = None
+    """When Slurm was read; None before the first read."""
+    kube: Mapping[str, KubeNode] = field(default_factory=dict)
+
+    @cached_property
+    def by_name(self) -> dict[str, NodeInfo]:
+        return {n.name: n for n in self.nodes}
+
+    @cached_property
+    def jobs_by_id(self) -> dict[str, JobInfo]:
+        return {j.job_id: j for j in self.jobs}
+
+    @cached_property
+    def jobs_by_node(self) -> dict[str, list[JobInfo]]:
+        """The jobs that list each node (running, or last run, there)."""
+        out: dict[str, list[JobInfo]] = {}
+        for j in self.jobs:
+            for n in j.nodes:
+                out.setdefault(n, []).append(j)
+        return out
+
+
+class Heartbeats(Protocol):
+    """Where the engine learns which agents went silent (the HTTP API's heartbeat tracker)."""
+
+    def silent(self, now: float, after_s: float) -> list[str]:
+        """Nodes whose agent beat once but not within ``after_s`` s before ``now`` (mono)."""
+        ...
+
+
+#: One reconcile step: its name (what the log says when it fails) and what it does with the
+#: step's snapshot at the tick's instant.
+ReconcileStep = tuple[str, Callable[[Snapshot, Stamp], None]]
+
+
+class Reconciler:
+    """The engine's reconcile tick (its worker thread only): :attr:`steps` in order."""
+
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        slurm: SlurmControl,
+        clock: Clock,
+        rules: Rules,
+        executor: Executor,
+        kube: KubeFollow | None,
+        heartbeats: Heartbeats | None,
+        checker: RepairChecker | None,
+        suspect_after_s: float,
+        log: Callable[[str], None],
+        wake: Callable[[], None],
+        repaired: Callable[[str, str], object],
+    ) -> None:
+        """``wake``: new events were journaled (decide them at once); ``repaired(node,
+        why)``: return a node to the pool as `recover node repaired` does (UsageError when
+        refused)."""
+        self._journal = journal
+        self._slurm = slurm
+        self._clock = clock
+        self._rules = rules
+        self._executor = executor
+        self._kube = kube
+        self._heartbeats = heartbeats
+        self._checker = checker
+        self._suspect_after_s = suspect_after_s
+        self._log = log
+        self._wake = wake
+        self._repaired = repaired
+        self._checked: dict[str, float] = {}
+        self.suspects: frozenset[str] = frozenset()
+        """Nodes whose agent is silent, as of the last ``heartbeats`` step."""
+        self.steps: tuple[ReconcileStep, ...] = (
+            ("unreachable-nodes", self._unreachable_nodes),
+            ("saves", self._saves),
+            ("promotions", self._promotions),
+            ("operator-take-outs", self._operator_take_outs),
+            ("held-expiry", self._held_expiry),
+            ("heartbeats", self._watch_heartbeats),
+            ("repair-checks", self._repair_checks),
+            ("kubernetes", self._kubernetes),
+            ("incidents", self._incidents),
+        )
+
+    def run(self, seen: Snapshot) -> None:
+        """Every step once, in order, against ``seen``; a step that raises is logged by its
+        name and the next one runs."""
+        now = self._clock.now()
+        for name, step in self.steps:
+            try:
+                step(seen, now)
+            except TransientError as e:
+                self._log(f"reconcile step {name}: {e}; retrying next tick")
+            except Exception:  # one step's failure must not stop the others; it is logged
+                self._log(f"reconcile step {name} failed:\n{traceback.format_exc()}")
+
+    # --- the steps ------------------------------------------------------------------------
+
+    def _unreachable_nodes(self, seen: Snapshot, now: Stamp) -> None:
+        open_nodes = {i.node for i in self._journal.incidents(open_only=True)}
+        fresh = unreachable_events(seen.nodes, open_nodes, now.wall)
+        if fresh and any(self._journal.append_events(fresh, now)):
+            self._wake()
+
+    def _waiting(self) -> list[ActionRecord]:
+        return [r for r in self._journal.pending_actions() if r.status == ActionStatus.waiting]
+
+    def _saves(self, seen: Snapshot, now: Stamp) -> None:
+        for rec in self._waiting():
+            if isinstance(rec.action, SaveThenRequeue):
+                self._executor.finish_save(rec)
+
+    def _promotions(self, seen: Snapshot, now: Stamp) -> None:
+        """The spares promised are those the planned promotions name (the policy forgets any
+        other). A waiting promotion's spare is gone, or the pool was empty when it was
+        decided: the policy chooses again from the pool as it is now, the choice is
+        recorded, and the promotion runs."""
+        pending = self._journal.pending_actions()
+        self._rules.still_promised(spares_promised(pending))
+        waiting = [
+            r
+            for r in pending
+            if r.status == ActionStatus.waiting and isinstance(r.action, PromoteSpare)
+        ]
+        promised = self._rules.promised
+        if not waiting or all(
+            n.name in promised for n in self._rules.view(seen.nodes).ready_spares
+        ):
+            return  # nothing waits, or the pool is empty: they wait for a spare
+        ready = self._executor.ready_spares()
+        for rec in waiting:
+            node = rec.action.node
+            pick = self._rules.choose_spare(ready, seen.by_name.get(node) or node)
+            if pick is None:
+                return
+            self._journal.update_incident(rec.incident, info={"spare_rechosen": pick.name})
+            self._executor.retry_promotion(rec)
+
+    def _operator_take_outs(self, seen: Snapshot, now: Stamp) -> None:
+        if self._kube is None:
+            return
+        for rec in self._waiting():
+            if isinstance(rec.action, TakeDown | Drain):
+                node = seen.by_name.get(rec.action.node)
+                self._kube.finish_operator_take_out(rec, node, self._slurm)
+
+    def _held_expiry(self, seen: Snapshot, now: Stamp) -> None:
+        expire_held(self._journal, self._rules.hold_max_age_s, now)
+
+    def _watch_heartbeats(self, seen: Snapshot, now: Stamp) -> None:
+        """A node whose agent fell silent becomes a suspect: one ``heartbeat-lost`` event per
+        silence, journaled and decided like any other (the policy says what it means)."""
+        if self._heartbeats is None:
+            return
+        silent = frozenset(self._heartbeats.silent(now.mono, self._suspect_after_s))
+        fresh = [
+            HealthEvent(
+                id=f"heartbeat-lost-{node}-{int(now.wall)}",
+                node=node,
+                source=Source.heartbeat,
+                fault=HEARTBEAT_LOST,
+                observed_at=now.wall,
+                message=f"no heartbeat from the agent for {self._suspect_after_s:g} s",
+            )
+            for node in sorted(silent - self.suspects)
+        ]
+        self.suspects = silent
+        if fresh:
+            self._journal.append_events(fresh, now)
+            self._wake()
+
+    def _repair_checks(self, seen: Snapshot, now: Stamp) -> None:
+        """Every ``repair_check.interval_s`` seconds, check each node we hold out; one that
+        passes goes back to the pool exactly as `recover node repaired` would send it."""
+        check = self._rules.config.repair_check
+        if check is None or self._checker is None:
+            return
+        for node in self._rules.out_nodes():
+            if now.mono - self._checked.get(node, -1e18) < check.interval_s:
+                continue
+            self._checked[node] = now.mono
+            if not self._checker.passes(node):
+                continue
+            try:
+                self._repaired(node, "repair check passed")
+            except UsageError as e:  # flapping, or someone else holds it now: it stays out
+                self._log(f"repair check passed for {node}, but it stays out: {e}")
+
+    def _kubernetes(self, seen: Snapshot, now: Stamp) -> None:
+        if self._kube is None:
+            return
+        seen_at = seen.at.mono if seen.at else None
+        self._kube.reconcile(self._journal.incidents(open_only=True), seen.by_name, seen_at)
+
+    def _incidents(self, seen: Snapshot, now: Stamp) -> None:
+        """Phases the jobs reached; an incident whose actions are settled, whose jobs run
+        again (or ended) and whose Kubernetes steps are done is closed."""
+        for inc in self._journal.incidents(open_only=True):
+            progress = follow_jobs(inc, seen.jobs_by_id)
+            for name, detail in progress.phases:
+                self._journal.add_phase(inc.id, Phase(name, now, detail))
+            kube_done = self._kube is None or finished(inc, self._kube.mode)
+            if progress.resolved and settled(inc) and kube_done:
+                why = "jobs running again" if inc.jobs else "no job ran on the node"
+                self._journal.close_incident(inc.id, now, f"actions done; {why}")

@@ -8,10 +8,10 @@ exactly the state the coordinator had; breaker resets are applied at their recor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from recovery.model import Decision, HealthEvent, Verdict
+from recovery.model import Decision, HealthEvent, PromoteSpare, Verdict
 from recovery.model.events import REPAIRED
 from recovery.policy import (
     Catalogue,
@@ -39,6 +39,8 @@ class Rules:
         self.catalogue = catalogue
         self.state = PolicyState.empty()
         self._view: tuple[tuple[NodeInfo, ...], ClusterView] | None = None
+        self._promised: set[str] = set()
+        """Spares named by decided promotions that have not run yet: not chosen again."""
 
     def view(self, nodes: Sequence[NodeInfo]) -> ClusterView:
         """The policy's view of ``nodes``. The engine passes the same tuple for every event
@@ -60,14 +62,32 @@ class Rules:
         return f"{self.catalogue.version}+{self.config.fingerprint()}"
 
     def decide(self, event: HealthEvent, nodes: Sequence[NodeInfo], now: float) -> Decision:
-        """The decision for ``event`` received at ``now`` (Unix seconds). Pure: no state change."""
+        """The decision for ``event`` received at ``now`` (Unix seconds); a promotion names a
+        ready spare of ``nodes`` that no promotion still to run was promised. Pure: no state
+        change."""
         view = self.view(nodes)
         if event.fault == REPAIRED:
             return self._repair_decision(event, view, now)
-        return decide(self.state, event, view, self.config, self.catalogue, now)
+        state, config = self.state, self.config
+        return decide(state, event, view, config, self.catalogue, now, taken=self._promised)
+
+    @property
+    def promised(self) -> frozenset[str]:
+        """The spares promised to promotions that have not run yet."""
+        return frozenset(self._promised)
+
+    def still_promised(self, spares: Iterable[str]) -> None:
+        """What the journal says is promised (the spares its planned promotions name)
+        replaces what is remembered: the engine says so on recovery and on every tick."""
+        self._promised = set(spares)
 
     def record(self, event: HealthEvent, decision: Decision, now: float) -> None:
-        """Advance the state by a decision that was recorded."""
+        """Advance the state by a decision that was recorded; the spare a promotion of it
+        names (unless held) is promised from now on."""
+        if not decision.held:
+            self._promised.update(
+                a.spare for a in decision.actions if isinstance(a, PromoteSpare) and a.spare
+            )
         if event.fault == REPAIRED:
             verdict = RepairVerdict(
                 node=event.node,
@@ -114,6 +134,11 @@ class Rules:
         """Start the breaker's window afresh at ``now``; held take-outs young enough count now."""
         self.state = breaker_reset(self.state, now, self.config)
 
-    def choose_spare(self, ready: Sequence[NodeInfo], failed: str) -> NodeInfo | None:
-        """The spare to promote in place of ``failed`` (same topology group first)."""
-        return choose_spare(ready, failed, self.config)
+    def choose_spare(self, ready: Sequence[NodeInfo], failed: str | NodeInfo) -> NodeInfo | None:
+        """The spare among ``ready`` (less the promised ones) to promote in place of
+        ``failed``, same topology group first: the choice made again when the decision's
+        spare is gone. Promised from now on."""
+        pick = choose_spare([n for n in ready if n.name not in self._promised], failed, self.config)
+        if pick is not None:
+            self._promised.add(pick.name)
+        return pick

@@ -15,6 +15,7 @@ from recovery.ports.journal import (
     IncidentRecord,
     IncidentStatus,
     Phase,
+    PhaseName,
     StoredEvent,
 )
 
@@ -52,7 +53,7 @@ class StampOut(BaseModel):
 
 
 class PhaseOut(BaseModel):
-    name: str
+    name: PhaseName
     at: StampOut
     detail: str
 
@@ -88,6 +89,8 @@ class IncidentOut(BaseModel):
     event_ids: list[str]
     jobs: list[str]
     info: dict[str, Any]
+    """The incident's facts (:class:`recovery.ports.journal.IncidentInfo`): ``job_restarts``,
+    ``path``, ``save``, ``spare``, ``spare_rechosen``."""
     phases: list[PhaseOut]
     actions: list[ActionOut]
 

@@ -23,7 +23,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from recovery.errors import JournalError
 from recovery.fsutil import fsync_dir
@@ -35,8 +34,10 @@ from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import (
     ActionRecord,
     ActionStatus,
+    IncidentInfo,
     IncidentRecord,
     Phase,
+    PhaseName,
     StoredEvent,
 )
 
@@ -387,7 +388,7 @@ class SqliteJournal:
         cur = c.execute(
             "INSERT OR IGNORE INTO phases(incident, name, wall, mono, detail) "
             "VALUES (?, ?, ?, ?, ?)",
-            (incident, phase.name, phase.at.wall, phase.at.mono, phase.detail),
+            (incident, phase.name.value, phase.at.wall, phase.at.mono, phase.detail),
         )
         return cur.rowcount == 1
 
@@ -396,10 +397,11 @@ class SqliteJournal:
         incident: str,
         *,
         jobs: Sequence[str] | None = None,
-        info: dict[str, Any] | None = None,
+        info: IncidentInfo | None = None,
     ) -> None:
-        """Replace the incident's job list and/or merge ``info`` into its facts (top-level
-        keys; ``info`` must be JSON-serialisable). Raises UsageError for an unknown incident."""
+        """Replace the incident's job list and/or merge ``info`` into its facts (key by key;
+        keys already stored that ``info`` does not name are kept). Raises UsageError for an
+        unknown incident."""
         with self._write("update incident") as c:
             rows.require_incident(c, incident)
             if jobs is not None:
@@ -428,7 +430,7 @@ class SqliteJournal:
             )
             if cur.rowcount == 0:
                 return False
-            self._add_phase(c, incident, Phase("closed", at, detail))
+            self._add_phase(c, incident, Phase(PhaseName.closed, at, detail))
             return True
 
     def incidents(self, *, open_only: bool = False) -> list[IncidentRecord]:

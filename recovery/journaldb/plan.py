@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from recovery.model import Decision, Verdict
 from recovery.ports.clock import Stamp
-from recovery.ports.journal import ActionRecord, ActionStatus, IncidentStatus
+from recovery.ports.journal import ActionRecord, ActionStatus, IncidentStatus, PhaseName
 
 #: Ids per ``IN (...)`` query: SQLite allows 999 parameters in older builds.
 CHUNK = 500
@@ -49,9 +49,8 @@ def open_or_join(c: sqlite3.Connection, decision: Decision, at: Stamp) -> None:
             "UPDATE incidents SET verdict = ? WHERE id = ?", (decision.verdict.value, incident)
         )
     c.execute(
-        "INSERT OR IGNORE INTO phases(incident, name, wall, mono, detail) "
-        "VALUES (?, 'decided', ?, ?, ?)",
-        (incident, at.wall, at.mono, decision.why),
+        "INSERT OR IGNORE INTO phases(incident, name, wall, mono, detail) VALUES (?, ?, ?, ?, ?)",
+        (incident, PhaseName.decided.value, at.wall, at.mono, decision.why),
     )
 
 

@@ -21,7 +21,9 @@ from recovery.ports.journal import (
     IncidentRecord,
     IncidentStatus,
     Phase,
+    PhaseName,
     StoredEvent,
+    incident_info,
 )
 
 EVENT_COLUMNS = "seq, events.body, received_wall, received_mono, decided"
@@ -91,7 +93,7 @@ def load_incidents(
         "ORDER BY rowid",
         args,
     ):
-        phases[inc].append(Phase(name, Stamp(wall, mono), detail))
+        phases[inc].append(Phase(PhaseName(name), Stamp(wall, mono), detail))
     actions: dict[str, list[ActionRecord]] = defaultdict(list)
     for row in c.execute(
         f"SELECT {ACTION_COLUMNS} FROM actions WHERE incident IN ({chosen}) ORDER BY id",  # noqa: S608
@@ -124,7 +126,7 @@ def load_incidents(
                 phases=tuple(phases[iid]),
                 actions=tuple(actions[iid]),
                 jobs=tuple(json.loads(jobs)),
-                info=json.loads(info),
+                info=incident_info(json.loads(info)),
             )
         )
     return found

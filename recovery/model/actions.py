@@ -78,10 +78,16 @@ class RequeueJobs(Action):
 
 @dataclass(frozen=True)
 class PromoteSpare(Action):
-    """Bring a spare into service in place of ``node``; the executor chooses which (by
-    topology when configured). An empty pool is recorded, and retried when a spare appears."""
+    """Bring ``spare`` into service in place of ``node``.
+
+    ``spare`` is the policy's choice from the cluster view the decision was made on (same
+    topology group first, then by name), recorded with the decision; None when the pool held
+    no ready spare then (and in journals older than the field). The executor promotes it
+    while it is still a ready spare; otherwise the policy chooses again from the pool as it
+    is, and the promotion waits while the pool is empty."""
 
     kind: ClassVar[str] = "promote"
+    spare: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,9 @@ ACTION_TYPES: dict[str, type[Action]] = {
 
 
 def action_from_json(data: dict[str, Any]) -> Action:
-    """Inverse of :meth:`Action.to_json`. Raises KeyError/TypeError for a malformed record."""
+    """Inverse of :meth:`Action.to_json`; a field added since the record was written takes
+    its default (a ``promote`` without ``spare``). Raises KeyError/TypeError for a malformed
+    record."""
     fields = dict(data)
     cls = ACTION_TYPES[fields.pop("kind")]
     return cls(**fields)

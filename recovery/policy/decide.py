@@ -13,10 +13,15 @@ Pure: no clock, no I/O. The order of the rules, each explained in the decision's
 5. otherwise a new incident opens; a failure within the escalation window of the last one
    escalates its verdict one step, and a flapping node is replaced;
 6. take-outs beyond the breaker's limits are held.
+
+A take-out that replaces the node plans a promotion of the spare chosen from the view
+(:func:`recovery.policy.choose_spare`), leaving out the spares ``taken`` by earlier decisions
+whose promotions are still to run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
 
 from recovery.errors import unknown_choice
@@ -36,6 +41,7 @@ from recovery.model import (
 from recovery.policy.breaker import hold_reason
 from recovery.policy.catalogue import Catalogue, FaultSpec
 from recovery.policy.config import PolicyConfig
+from recovery.policy.spares import choose_spare
 from recovery.policy.state import (
     ClusterView,
     Incident,
@@ -72,6 +78,7 @@ class _Ctx:
     state: PolicyState
     now: float
     version: str
+    taken: Set[str]
 
     def decision(
         self,
@@ -113,13 +120,17 @@ def decide(
     config: PolicyConfig,
     catalogue: Catalogue,
     now: float,
+    *,
+    taken: Set[str] = frozenset(),
 ) -> Decision:
     """Decide what ``event``, received at ``now`` (Unix seconds), means for its node.
 
+    ``taken``: spares of ``view`` promised to earlier decisions (not chosen again).
     Never raises for a valid HealthEvent: what the policy cannot act on is ignored with a note.
     Fold the result into the state with :func:`recovery.policy.advance`.
     """
-    ctx = _Ctx(event, view, config, state, now, f"{catalogue.version}+{config.fingerprint()}")
+    version = f"{catalogue.version}+{config.fingerprint()}"
+    ctx = _Ctx(event, view, config, state, now, version, taken)
     if event.source is Source.heartbeat:
         return ctx.decision(Verdict.ignore, "heartbeats show liveness; they open no incident")
     if not view.has(event.node):
@@ -273,21 +284,26 @@ def _plan(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, *, escalated: bool) -> t
     # reason, so the executor takes them out with one Slurm call (`recover status` maps each
     # node to its incident).
     reason = f"{spec.code} {spec.title}{', escalated' if escalated else ''}"
-    actions: tuple[Action, ...]
+    # A spare runs no jobs and replaces nobody: it is only kept out of the pool.
+    spare = ctx.view.is_spare(node)
     if verdict is Verdict.replace_node or (verdict is Verdict.drain_reset and not spec.can_save):
         # The GPU (or node) is gone: the jobs cannot save, so straight down.
-        actions = (TakeDown(node, reason), PromoteSpare(node))
-    elif verdict is Verdict.drain_reset:
-        actions = (
-            Drain(node, reason),
-            SaveThenRequeue(node, timeout_s=ctx.config.save_timeout_s),
-            PromoteSpare(node),
-        )
-    elif verdict is Verdict.restart_app:
-        actions = (RequeueJobs(node),)
-    else:
-        actions = ()
-    if ctx.view.is_spare(node):
-        # A spare runs no jobs and replaces nobody: only keep it out of the pool.
-        actions = tuple(a for a in actions if isinstance(a, TakeDown | Drain))
-    return actions
+        if spare:
+            return (TakeDown(node, reason),)
+        return (TakeDown(node, reason), _promote(ctx, node))
+    if verdict is Verdict.drain_reset:
+        if spare:
+            return (Drain(node, reason),)
+        save = SaveThenRequeue(node, timeout_s=ctx.config.save_timeout_s)
+        return (Drain(node, reason), save, _promote(ctx, node))
+    if verdict is Verdict.restart_app and not spare:
+        return (RequeueJobs(node),)
+    return ()
+
+
+def _promote(ctx: _Ctx, node: str) -> PromoteSpare:
+    """The promotion in place of ``node``, of the spare chosen among the view's ready spares
+    not yet taken (none: the pool is empty)."""
+    ready = [n for n in ctx.view.ready_spares if n.name not in ctx.taken]
+    pick = choose_spare(ready, ctx.view.nodes[node], ctx.config)
+    return PromoteSpare(node, pick.name if pick else None)

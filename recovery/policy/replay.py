@@ -4,9 +4,9 @@ history. Pure; the state is rebuilt from the replayed decisions as it goes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from recovery.model import Decision, HealthEvent
+from recovery.model import Action, Decision, HealthEvent, PromoteSpare
 from recovery.policy.catalogue import Catalogue
 from recovery.policy.config import PolicyConfig
 from recovery.policy.decide import decide
@@ -81,14 +81,22 @@ def replay(
 
 def differences(recorded: Decision | None, replayed: Decision) -> tuple[str, ...]:
     """What differs between a recorded and a replayed decision (``verdict``, ``actions``,
-    ``held``), or ``("decision",)`` when none was recorded."""
+    ``held``), or ``("decision",)`` when none was recorded.
+
+    Which spare a promotion names is not compared: it depends on the pool at the moment of
+    the decision, which a replay (against one layout for the whole history) cannot see."""
     if recorded is None:
         return ("decision",)
     names = []
     if recorded.verdict is not replayed.verdict:
         names.append("verdict")
-    if recorded.actions != replayed.actions:
+    if _plan(recorded.actions) != _plan(replayed.actions):
         names.append("actions")
     if recorded.held != replayed.held:
         names.append("held")
     return tuple(names)
+
+
+def _plan(actions: Sequence[Action]) -> tuple[Action, ...]:
+    """``actions`` without the spares their promotions chose."""
+    return tuple(replace(a, spare=None) if isinstance(a, PromoteSpare) else a for a in actions)

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from recovery.model import Decision, HealthEvent, PromoteSpare, Source, Verdict
 from recovery.ports.slurm import NodeInfo
-from recovery.spares import is_spare
+from recovery.spares import is_ready_spare, is_spare
 
 #: Pseudo-partition of nodes that Slurm lists in no partition.
 NO_PARTITION = "(none)"
@@ -74,6 +74,11 @@ class ClusterView:
     def spares(self) -> frozenset[str]:
         """Nodes in the spare pool."""
         return frozenset(n for n in self.nodes if self.is_spare(n))
+
+    @cached_property
+    def ready_spares(self) -> tuple[NodeInfo, ...]:
+        """Spares that could be promoted now (:func:`recovery.spares.is_ready_spare`)."""
+        return tuple(n for n in self.nodes.values() if is_ready_spare(n))
 
     @cached_property
     def in_service(self) -> frozenset[str]:

@@ -13,11 +13,11 @@ pure logic may use an in-memory fake of this port.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, cast
 
 from recovery.model import Action, Decision, HealthEvent
 from recovery.ports.clock import Stamp
@@ -71,14 +71,109 @@ class ActionRecord:
     finished: Stamp | None = None
 
 
+class PhaseName(StrEnum):
+    """Every phase an incident can reach: the journal's vocabulary, written by the engine, the
+    executor, the Kubernetes steps and the journal itself, read by the report, the scenario
+    expectations and the scenario watcher. Stored as the value (``node-down``)."""
+
+    fault = "fault"
+    """The agent observed the fault (its ``observed_at``, on the receipt's monotonic clock)."""
+    received = "received"
+    """The event that opened the incident was committed."""
+    decided = "decided"
+    """Its decision was committed (written by the journal with the decision)."""
+    held = "held"
+    """The breaker held the take-out (detail: why)."""
+    released = "released"
+    """``recover breaker reset`` released the held actions."""
+    node_down = "node-down"
+    node_drained = "node-drained"
+    jobs_signalled = "jobs-signalled"
+    """USR1 sent for checkpoint-then-requeue (detail: the job ids)."""
+    jobs_saved = "jobs-saved"
+    """The signalled jobs saved and left the node."""
+    save_timeout = "save-timeout"
+    """The save deadline passed; what was left was requeued without a save."""
+    jobs_requeued = "jobs-requeued"
+    no_spare = "no-spare"
+    """The spare pool was empty when the promotion ran; it waits for a spare."""
+    spare_promoted = "spare-promoted"
+    """The spare is in service (detail: exactly its name)."""
+    job_running = "job-running"
+    """Every job of the incident runs again after a restart (detail: ``id@nodes``)."""
+    returned_to_pool = "returned-to-pool"
+    """A repaired node went back into the spare pool (detail starts with its name)."""
+    closed = "closed"
+    k8s_marked = "k8s-marked"
+    """Kubernetes: the node cordoned, tainted and conditioned."""
+    slurmd_pod_deleted = "slurmd-pod-deleted"
+    slurmd_pod_kept = "slurmd-pod-kept"
+    k8s_spare_promoted = "k8s-spare-promoted"
+    k8s_skipped = "k8s-skipped"
+    """Kubernetes does not know the node: its Kubernetes steps end."""
+    k8s_failed = "k8s-failed"
+    """The API server refused a step (a verdict): the Kubernetes steps end."""
+    k8s_cleared = "k8s-cleared"
+    k8s_spare_retired = "k8s-spare-retired"
+    operator_drain_requested = "operator-drain-requested"
+    """Slinky: the drain was asked of the slurm-operator (its pod annotation)."""
+
+
 @dataclass(frozen=True)
 class Phase:
-    """A named point in an incident's life (``detected``, ``decided``, ``node-down``,
-    ``jobs-requeued``, ``spare-promoted``, ``job-running``, ``closed``, ...)."""
+    """A named point in an incident's life. ``name`` is a :class:`PhaseName`; a plain string
+    (as read back) is converted, and one that names no phase raises ValueError."""
 
-    name: str
+    name: PhaseName
     at: Stamp
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", PhaseName(self.name))
+
+
+class JobPath(StrEnum):
+    """How an incident treats the node's jobs (``IncidentInfo.path``)."""
+
+    save_then_requeue = "save-then-requeue"
+    """Saved first (the node still works), then requeued."""
+    down_requeue = "down-requeue (no save: the node cannot run the job)"
+    """Down at once (the GPU is gone: nothing could save); Slurm requeues them."""
+    requeue = "requeue (node kept)"
+    none = "none"
+
+
+class SaveNote(TypedDict):
+    """What checkpoint-then-requeue noted before signalling: the jobs it signalled and when
+    (monotonic seconds), so that a restarted coordinator never signals twice."""
+
+    jobs: list[str]
+    signalled_mono: float
+    deadline_mono: float
+
+
+class IncidentInfo(TypedDict, total=False):
+    """An incident's facts (stored as one JSON object; every key is optional). Journals may
+    hold keys an older or newer version wrote; they are kept as they are."""
+
+    job_restarts: dict[str, int]
+    """Each job's restart count when the incident opened (a higher one means requeued)."""
+    path: JobPath
+    save: SaveNote
+    spare: str | None
+    """The spare being promoted in the node's place, noted just before it is resumed: a
+    restarted coordinator finds it and finishes that promotion instead of taking a second
+    spare. Set back to None when it stopped being a ready spare before its promotion."""
+    spare_rechosen: str
+    """The spare the policy chose again when the decision's choice
+    (:attr:`recovery.model.PromoteSpare.spare`) was gone, or the pool was empty when it
+    decided; it replaces the decision's choice."""
+
+
+def incident_info(stored: Mapping[str, Any]) -> IncidentInfo:
+    """An incident's facts as read back (its JSON object), as :class:`IncidentInfo`; keys
+    another version wrote are kept."""
+    return cast(IncidentInfo, dict(stored))
 
 
 @dataclass(frozen=True)
@@ -97,8 +192,8 @@ class IncidentRecord:
     actions: tuple[ActionRecord, ...] = ()
     jobs: tuple[str, ...] = ()
     """Slurm job ids that ran on the node when the incident opened."""
-    info: dict[str, Any] = field(default_factory=dict)
-    """Free-form facts worth keeping (path taken, spare chosen, held reason, count)."""
+    info: IncidentInfo = field(default_factory=lambda: IncidentInfo())
+    """Facts worth keeping: the jobs' restart counts, the path taken, the save, the spare."""
 
 
 class Journal(Protocol):
@@ -159,9 +254,9 @@ class Journal(Protocol):
         incident: str,
         *,
         jobs: Sequence[str] | None = None,
-        info: dict[str, Any] | None = None,
+        info: IncidentInfo | None = None,
     ) -> None:
-        """Set the incident's job list and/or merge ``info`` into its facts."""
+        """Set the incident's job list and/or merge ``info`` into its facts (key by key)."""
         ...
 
     def close_incident(self, incident: str, at: Stamp, detail: str = "") -> bool:

@@ -188,6 +188,22 @@ class JobInfo:
         """The job reached a terminal state and will not run again unless requeued."""
         return self.state in TERMINAL_JOB_STATES
 
+    @property
+    def active(self) -> bool:
+        """The job has not ended: pending, starting, running, suspended or completing (any
+        state but a terminal one). The one test of "this job still lives": the jobs of a
+        failed node an incident follows, and whether a cancel has anything to end."""
+        return not self.finished
+
+    def uses(self, node: str) -> bool:
+        """The job holds ``node`` now: running, suspended or completing there. What "the jobs
+        on a node" means everywhere (``SlurmControl.jobs_on``, the fakes): a pending job holds
+        no node, and a finished one has let go of it."""
+        return node in self.nodes and self.state in ON_NODE_JOB_STATES
+
+
+#: Job states in which a job holds the nodes it was given (:meth:`JobInfo.uses`).
+ON_NODE_JOB_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED"})
 
 TERMINAL_JOB_STATES = frozenset(
     {

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from recovery.errors import UsageError
+from recovery.model import Drain, TakeDown
+from recovery.ports.journal import PhaseName
 from recovery.ports.slurm import mark
 from recovery.report.goodput import goodput
 from recovery.report.model import ActionLine, IncidentReport, Report
@@ -15,7 +17,11 @@ from recovery.report.run import ActionEntry, Incident, RunRecord
 
 def _slurm_reason(a: ActionEntry) -> str | None:
     reason = a.params.get("reason")
-    if a.kind not in ("down", "drain") or not isinstance(reason, str) or not reason.strip():
+    if (
+        a.kind not in (TakeDown.kind, Drain.kind)
+        or not isinstance(reason, str)
+        or not reason.strip()
+    ):
         return None
     try:
         return mark(reason)
@@ -59,9 +65,13 @@ def _node_left(incident: Incident, everything: Sequence[Incident]) -> tuple[str,
     )
     state, returned = None, None
     for p in later:
-        if p.name == "returned-to-pool" and p.detail.split()[:1] == [node] and returned is None:
+        if (
+            p.name == PhaseName.returned_to_pool
+            and p.detail.split()[:1] == [node]
+            and returned is None
+        ):
             state, returned = "repaired and returned to the spare pool", p.at
-        elif p.name == "spare-promoted" and p.detail == node and returned is not None:
+        elif p.name == PhaseName.spare_promoted and p.detail == node and returned is not None:
             state = "repaired, returned to the spare pool, then promoted back into service"
     if state:
         return state, returned
@@ -71,8 +81,8 @@ def _node_left(incident: Incident, everything: Sequence[Incident]) -> tuple[str,
 def _notes(incident: Incident, fault_at: float) -> tuple[str, ...]:
     """What the phase table alone does not say."""
     notes = []
-    empty = incident.first("no-spare")
-    promoted = incident.first("spare-promoted")
+    empty = incident.first(PhaseName.no_spare)
+    promoted = incident.first(PhaseName.spare_promoted)
     if empty is not None:
         later = (
             f"; {promoted.detail} was promoted once it was back in the pool "
@@ -81,17 +91,19 @@ def _notes(incident: Incident, fault_at: float) -> tuple[str, ...]:
             else "; no spare came back before the run ended"
         )
         notes.append(f"the spare pool was empty ({empty.at - fault_at:+.2f} s){later}")
-    held = incident.first("held")
+    held = incident.first(PhaseName.held)
     if held is not None:
         notes.append(f"the breaker held the actions ({held.at - fault_at:+.2f} s): {held.detail}")
     return tuple(notes)
 
 
 def _taken_out_as(incident: Incident) -> str | None:
-    taken = [a for a in incident.actions if a.kind in ("down", "drain") and a.status == "done"]
+    taken = [
+        a for a in incident.actions if a.kind in (TakeDown.kind, Drain.kind) and a.status == "done"
+    ]
     if not taken:
         return None
-    return "DOWN" if taken[0].kind == "down" else "DRAIN"
+    return "DOWN" if taken[0].kind == TakeDown.kind else "DRAIN"
 
 
 def _incident(inc: Incident, run: RunRecord, processes: Sequence[Process]) -> IncidentReport:
@@ -112,7 +124,7 @@ def _incident(inc: Incident, run: RunRecord, processes: Sequence[Process]) -> In
     marks = dict(ph.marks)
     if returned is not None:
         marks["returned"] = returned
-    decided = inc.first("decided")
+    decided = inc.first(PhaseName.decided)
     reasons = [a.slurm_reason for a in actions if a.slurm_reason and a.node == inc.node]
     return IncidentReport(
         id=inc.id,

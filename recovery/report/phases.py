@@ -18,12 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from recovery.model import PromoteSpare
+from recovery.ports.journal import PhaseName
 from recovery.report.processes import Fallback, Process
 from recovery.report.run import Fault, Incident, RunRecord
 
-#: The phases of every incident, in the order reports show them; a Literal so that a
-#: scenario's ``expect.phases`` can answer a misspelt one with the valid names.
-PhaseName = Literal[
+#: The report's phases of every incident, in the order reports show them: spans between the
+#: journal's phases (:class:`recovery.ports.journal.PhaseName`) and the job's events. A
+#: Literal so that a scenario's ``expect.phases`` can answer a misspelt one with the names.
+ReportPhase = Literal[
     "detection",
     "take_out",
     "requeue_wait",
@@ -34,7 +37,7 @@ PhaseName = Literal[
     "recompute",
     "no_progress",
 ]
-PHASES: tuple[str, ...] = get_args(PhaseName)
+PHASES: tuple[str, ...] = get_args(ReportPhase)
 #: How much earlier than the coordinator's record an injection may be matched to an incident.
 MATCH_WINDOW_S = 600.0
 
@@ -89,7 +92,7 @@ def _fault_time(incident: Incident, run: RunRecord) -> tuple[float, str]:
     injected = match_fault(incident, run.faults)
     if injected is not None:
         return injected.at, f"injected via {injected.via}, per run.json"
-    observed = incident.first("fault")
+    observed = incident.first(PhaseName.fault)
     if observed is not None:
         return observed.at, "observed by the agent (no injection in run.json)"
     return incident.opened, "the incident's opening (no injection or observation recorded)"
@@ -104,13 +107,13 @@ def _affects_job(incident: Incident, run: RunRecord) -> bool:
 
 
 def _spare(incident: Incident, why: dict[str, str]) -> tuple[str | None, float | None]:
-    promote = [a for a in incident.actions if a.kind == "promote"]
-    promoted = incident.first("spare-promoted")
+    promote = [a for a in incident.actions if a.kind == PromoteSpare.kind]
+    promoted = incident.first(PhaseName.spare_promoted)
     if promoted is not None:
         return promoted.detail or None, promoted.at
     if not promote:
         why["replacement"] = f"verdict {incident.verdict} needs no spare: no promotion planned"
-    elif incident.first("no-spare") is not None:
+    elif incident.first(PhaseName.no_spare) is not None:
         status = promote[0].status
         why["replacement"] = f"the spare pool was empty; the promotion stayed {status}"
     else:
@@ -161,14 +164,14 @@ def incident_phases(
     """The phases of ``incident`` in ``run`` whose job ran as ``processes``."""
     fault_at, source = _fault_time(incident, run)
     why: dict[str, str] = {}
-    decided_phase = incident.first("decided") or incident.first("received")
+    decided_phase = incident.first(PhaseName.decided) or incident.first(PhaseName.received)
     decided = decided_phase.at if decided_phase else incident.opened
-    out = incident.first("node-down", "node-drained")
+    out = incident.first(PhaseName.node_down, PhaseName.node_drained)
     node_out = out.at if out else None
     if node_out is None:
         why["take_out"] = f"verdict {incident.verdict} keeps {incident.node} in service"
-    requeued = incident.first("jobs-requeued")
-    running = incident.first("job-running")
+    requeued = incident.first(PhaseName.jobs_requeued)
+    running = incident.first(PhaseName.job_running)
     spare, spare_at = _spare(incident, why)
     not_ours = None if _affects_job(incident, run) else f"no job of this run was on {incident.node}"
     r = _restart(processes, fault_at, not_ours, why)

@@ -15,6 +15,7 @@ from typing import Any
 
 from recovery.errors import UsageError
 from recovery.events import EVENTS
+from recovery.ports.journal import IncidentInfo, PhaseName, incident_info
 
 RUN_FILE = "run.json"
 INCIDENTS_FILE = "incidents.json"
@@ -53,7 +54,9 @@ class Job:
 
 @dataclass(frozen=True)
 class PhaseMark:
-    """One named instant of an incident (``decided``, ``node-down``, ...), wall seconds."""
+    """One named instant of an incident (``decided``, ``node-down``, ...), wall seconds.
+    ``name`` is kept as the file has it: a phase this version does not know is shown, not
+    refused."""
 
     name: str
     at: float
@@ -86,11 +89,11 @@ class Incident:
     opened: float
     closed: float | None
     jobs: tuple[str, ...]
-    info: dict[str, Any]
+    info: IncidentInfo
     phases: tuple[PhaseMark, ...]
     actions: tuple[ActionEntry, ...]
 
-    def first(self, *names: str) -> PhaseMark | None:
+    def first(self, *names: PhaseName) -> PhaseMark | None:
         """The earliest phase with one of ``names``, or None."""
         found = [p for p in self.phases if p.name in names]
         return min(found, key=lambda p: p.at) if found else None
@@ -257,7 +260,7 @@ def _incident(doc: Any, where: str) -> Incident:
         opened=opened,
         closed=f.stamp("closed", optional=True),
         jobs=tuple(str(j) for j in f.items("jobs")),
-        info=dict(f.obj("info", optional=True).doc),
+        info=incident_info(f.obj("info", optional=True).doc),
         phases=tuple(sorted(phases, key=lambda p: p.at)),
         actions=tuple(actions),
     )

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recovery.coordinator.engine import Engine, EngineSettings
+from recovery.coordinator.build import build_engine
+from recovery.coordinator.engine import EngineSettings
 from recovery.coordinator.executor import ExecutorSettings
 from recovery.coordinator.kube import KubeMode
 from recovery.coordinator.rules import Rules
@@ -88,23 +89,23 @@ def run_coordinator(
     clock = SystemClock()
     journal = SqliteJournal(d / JOURNAL_FILE, clock)
     dry_run = opts.dry_run or config.dry_run
-    engine = Engine(
+    agents = AgentChannel.default(clock, catalogue.known())
+    rules = Rules(config, catalogue)
+    engine = build_engine(
         journal=journal,
         slurm=slurm,
         clock=clock,
-        rules=Rules(config, catalogue),
+        rules=rules,
         settings=EngineSettings(
             tick_s=opts.tick_s,
             executor=ExecutorSettings(dry_run=dry_run),
             kube=KubeMode(via_operator=opts.kube is not None and opts.kube.slinky),
         ),
         log=log,
+        heartbeats=agents.heartbeats,
+        checker=None if config.repair_check is None else CommandCheck(config.repair_check, log),
         nodes=nodes,
     )
-    agents = AgentChannel.default(clock, catalogue.known())
-    engine.heartbeats = agents.heartbeats
-    if config.repair_check is not None:
-        engine.checker = CommandCheck(config.repair_check, log)
     app = create_app(journal=journal, tokens=tokens, coordinator=engine, clock=clock, agents=agents)
     engine.start()
     watch = None
@@ -121,10 +122,7 @@ def run_coordinator(
         where = "in-cluster" if opts.kube.in_cluster else str(opts.kube.kubeconfig)
         slinky = " (Slinky: drains through the operator)" if opts.kube.slinky else ""
         mode += f", Kubernetes {where}{slinky}"
-    log(
-        f"coordinator: serving {url}, journal {d / JOURNAL_FILE}, "
-        f"policy {engine.rules.version}{mode}"
-    )
+    log(f"coordinator: serving {url}, journal {d / JOURNAL_FILE}, policy {rules.version}{mode}")
     try:
         serve(app, host, port, log_level="warning", on_stop=agents.broker.close)
     finally:

@@ -12,8 +12,8 @@ import pytest
 from recovery.errors import JournalError, UsageError
 from recovery.journaldb.journal import SqliteJournal
 from recovery.model import Decision, TakeDown, Verdict
-from recovery.ports.clock import FakeClock
-from recovery.ports.journal import ActionStatus, IncidentStatus, Journal, Phase
+from recovery.ports.clock import FakeClock, Stamp
+from recovery.ports.journal import ActionStatus, IncidentStatus, JobPath, Journal, Phase, PhaseName
 from tests.service.helpers import event, replace_decision
 
 
@@ -190,22 +190,34 @@ def _open_incident(journal: SqliteJournal, clock: FakeClock, i: int = 1) -> str:
 def test_phases_keep_the_first_instant(journal: SqliteJournal, clock: FakeClock) -> None:
     inc = _open_incident(journal, clock)
     first = clock.advance(3)
-    assert journal.add_phase(inc, Phase("node-down", first, "scontrol ok"))
-    assert not journal.add_phase(inc, Phase("node-down", clock.advance(1), "again"))
+    assert journal.add_phase(inc, Phase(PhaseName.node_down, first, "scontrol ok"))
+    assert not journal.add_phase(inc, Phase(PhaseName.node_down, clock.advance(1), "again"))
     phases = journal.incident(inc).phases
     assert [(p.name, p.at, p.detail) for p in phases][1:] == [("node-down", first, "scontrol ok")]
+    assert all(isinstance(p.name, PhaseName) for p in phases)  # read back typed
+
+
+def test_a_phase_name_is_one_of_the_vocabulary() -> None:
+    assert Phase("node-down", Stamp(1.0, 1.0)).name is PhaseName.node_down  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="node-dwn"):
+        Phase("node-dwn", Stamp(1.0, 1.0))  # type: ignore[arg-type]
 
 
 def test_update_incident_sets_jobs_and_merges_info(
     journal: SqliteJournal, clock: FakeClock
 ) -> None:
     inc = _open_incident(journal, clock)
-    journal.update_incident(inc, jobs=["12", "13"], info={"path": "replace", "spare": None})
+    journal.update_incident(
+        inc, jobs=["12", "13"], info={"path": JobPath.down_requeue, "spare": None}
+    )
     journal.update_incident(inc, info={"spare": "s1"})
     journal.update_incident(inc, jobs=["14"])
     record = journal.incident(inc)
     assert record.jobs == ("14",)
-    assert record.info == {"path": "replace", "spare": "s1"}
+    assert record.info == {
+        "path": "down-requeue (no save: the node cannot run the job)",
+        "spare": "s1",
+    }
 
 
 def test_close_once(journal: SqliteJournal, clock: FakeClock) -> None:
@@ -216,7 +228,7 @@ def test_close_once(journal: SqliteJournal, clock: FakeClock) -> None:
     closed = journal.incident(one)
     assert closed.status == IncidentStatus.closed
     assert closed.closed == at
-    assert closed.phases[-1] == Phase("closed", at, "job running")
+    assert closed.phases[-1] == Phase(PhaseName.closed, at, "job running")
     assert [i.id for i in journal.incidents()] == [one, two]
     assert [i.id for i in journal.incidents(open_only=True)] == [two]
 
@@ -225,7 +237,7 @@ def test_close_once(journal: SqliteJournal, clock: FakeClock) -> None:
     "call",
     [
         lambda j, at: j.incident("inc-404"),
-        lambda j, at: j.add_phase("inc-404", Phase("x", at)),
+        lambda j, at: j.add_phase("inc-404", Phase(PhaseName.received, at)),
         lambda j, at: j.update_incident("inc-404", jobs=[]),
         lambda j, at: j.close_incident("inc-404", at),
     ],

@@ -10,7 +10,7 @@ from recovery.errors import JournalError
 from recovery.journaldb import plan
 from recovery.journaldb.journal import SqliteJournal
 from recovery.ports.clock import FakeClock
-from recovery.ports.journal import ActionStatus, Phase
+from recovery.ports.journal import ActionStatus, Phase, PhaseName
 from tests.service.helpers import event, replace_decision
 
 
@@ -37,7 +37,7 @@ def test_the_writes_of_a_batch_commit_once_at_its_end(
     with journal.batch():
         for i, ev in enumerate(events):
             journal.record_decision(replace_decision(ev, f"inc-{i}"), clock.now())
-            journal.add_phase(f"inc-{i}", Phase("received", clock.now()))
+            journal.add_phase(f"inc-{i}", Phase(PhaseName.received, clock.now()))
         assert _stored_ids(journal) == [], "nothing is committed inside the batch"
         assert commits == []
     assert len(commits) == 1

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from recovery.ports.clock import FakeClock
-from recovery.ports.journal import ActionStatus, Phase
+from recovery.ports.journal import ActionStatus, Phase, PhaseName
 from tests.service.helpers import (
     ADMIN_TOKEN,
     NODE_TOKENS,
@@ -43,7 +43,7 @@ def test_reads_need_a_token(api: Api, path: str) -> None:
 def test_incidents_from_the_journal(api: Api) -> None:
     one, two = _incident(api, 1), _incident(api, 2, held=True)
     clock = FakeClock()
-    api.journal.add_phase(one, Phase("node-down", clock.advance(2), "DOWN"))
+    api.journal.add_phase(one, Phase(PhaseName.node_down, clock.advance(2), "DOWN"))
     down = api.journal.pending_actions()[0]
     api.journal.record_outcome(down.id, ActionStatus.done, clock.advance(1), detail="ok")
     api.journal.close_incident(two, clock.advance(5))

@@ -7,13 +7,16 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recovery.coordinator.build import build_engine
 from recovery.coordinator.engine import Engine, EngineSettings
 from recovery.coordinator.executor import ExecutorSettings
 from recovery.coordinator.kube import KubeMode
+from recovery.coordinator.reconcile import Heartbeats
 from recovery.coordinator.rules import Rules
 from recovery.journaldb.journal import SqliteJournal
 from recovery.model import HealthEvent, Source
 from recovery.policy import PolicyConfig, load_catalogue
+from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import FakeClock
 from recovery.ports.journal import IncidentRecord
 from recovery.retry import Backoff
@@ -50,6 +53,10 @@ class Rig:
     nodes: FakeNodes | None = None
     """Kubernetes, when the test wants it (None: a Slurm-only cluster)."""
     kube: KubeMode = field(default_factory=lambda: KubeMode(view_every_s=0.0))
+    heartbeats: Heartbeats | None = None
+    checker: RepairChecker | None = None
+    logged: list[str] = field(default_factory=list)
+    """What the engine logged."""
 
     def __post_init__(self) -> None:
         self.journal = SqliteJournal(self.path, self.clock, checkpoint_every_s=None)
@@ -64,13 +71,16 @@ class Rig:
             ),
             kube=self.kube,
         )
-        return Engine(
+        return build_engine(
             journal=self.journal,
             slurm=self.slurm,
             clock=self.clock,
             rules=Rules(self.config, CATALOGUE),
             settings=settings,
+            log=self.logged.append,
             sleep=lambda _s: None,
+            heartbeats=self.heartbeats,
+            checker=self.checker,
             nodes=self.nodes,
         )
 
@@ -96,4 +106,5 @@ class Rig:
         return found[-1]
 
     def phases(self, node: str) -> list[str]:
-        return [p.name for p in sorted(self.incident(node).phases, key=lambda p: p.at.mono)]
+        """The names of the newest incident's phases on ``node``, in time order."""
+        return [p.name.value for p in sorted(self.incident(node).phases, key=lambda p: p.at.mono)]

@@ -1,4 +1,5 @@
-"""docs/coordinator.md stays true: its policy file example loads, its commands exist."""
+"""docs/coordinator.md stays true: its policy file example loads, its commands exist, it
+lists the reconcile steps and the journal's phases."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from typer.testing import CliRunner
 
 from recovery.cli import app
 from recovery.policy import PolicyConfig, load_catalogue, load_policy_config
+from recovery.ports.journal import PhaseName
+from tests.fakes.slurm import FakeSlurm
+
+from .helpers import Rig
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "coordinator.md"
 
@@ -35,3 +40,15 @@ def test_every_command_in_the_synopsis_has_help() -> None:
                                            ["breaker"]) else words[:1]  # fmt: skip
         result = runner.invoke(app, [*verbs, "--help"])
         assert result.exit_code == 0, (line, result.output)
+
+
+def test_the_reconcile_steps_are_listed_in_their_order(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "j.sqlite", FakeSlurm(["n1"]))
+    table = DOC.read_text().split("| step | what it does |", 1)[1].split("\n\n", 1)[0]
+    listed = re.findall(r"^   \| `([a-z-]+)` \|", table, re.M)
+    assert tuple(listed) == rig.engine.reconcile_steps
+
+
+def test_every_journal_phase_is_named() -> None:
+    text = DOC.read_text()
+    assert [p.value for p in PhaseName if f"`{p.value}`" not in text] == []

@@ -10,6 +10,7 @@ import pytest
 from recovery.errors import UsageError
 from recovery.policy import BreakerConfig, PolicyConfig, RepairCheck
 from recovery.ports.journal import ActionStatus, IncidentStatus
+from recovery.ports.slurm import JobInfo
 from tests.fakes.slurm import FakeSlurm
 
 from .helpers import Rig, event
@@ -151,9 +152,9 @@ class _Silent:
         return list(self.nodes)
 
 
-def test_a_silent_agent_makes_its_node_a_suspect_once(rig: Rig) -> None:
+def test_a_silent_agent_makes_its_node_a_suspect_once(tmp_path: Path) -> None:
     beats = _Silent()
-    rig.engine.heartbeats = beats
+    rig = Rig(tmp_path / "j.sqlite", FakeSlurm(NODES, ["s1"]), heartbeats=beats)
     rig.engine.step()
     beats.nodes = ["n3"]
     rig.engine.step()
@@ -181,9 +182,8 @@ class _Check:
 
 def test_a_passing_repair_check_returns_the_node_to_the_pool(tmp_path: Path) -> None:
     config = PolicyConfig(repair_check=RepairCheck(("check", "{node}"), interval_s=60))
-    rig = Rig(tmp_path / "j.sqlite", FakeSlurm(NODES, ["s1"]), config=config)
     check = _Check()
-    rig.engine.checker = check
+    rig = Rig(tmp_path / "j.sqlite", FakeSlurm(NODES, ["s1"]), config=config, checker=check)
     rig.send(event("n2", "xid79"))
     rig.engine.step()
     assert check.runs == 1  # n2 is out: checked, still failing
@@ -199,3 +199,22 @@ def test_a_passing_repair_check_returns_the_node_to_the_pool(tmp_path: Path) -> 
     rig.clock.advance(61)
     rig.engine.step()
     assert check.runs == 2  # back in the pool: no longer checked
+
+
+@pytest.mark.parametrize(
+    ("state", "active"),
+    [("PENDING", True), ("CONFIGURING", True), ("RUNNING", True), ("SUSPENDED", True),
+     ("COMPLETING", True), ("COMPLETED", False), ("CANCELLED", False), ("NODE_FAIL", False)],
+)  # fmt: skip
+def test_a_job_is_active_until_it_ends(state: str, active: bool) -> None:
+    assert JobInfo("7", "train", state).active is active
+
+
+def test_the_incident_follows_only_the_jobs_still_active_on_the_node(rig: Rig) -> None:
+    live = rig.slurm.run_job(["n1", "n2"])
+    ended = rig.slurm.run_job(["n2"])
+    rig.slurm.finish_job(ended)
+    rig.send(event("n2", "xid79"))
+    inc = rig.incident("n2")
+    assert inc.jobs == (live,)
+    assert inc.info.get("job_restarts") == {live: 0}

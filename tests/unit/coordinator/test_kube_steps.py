@@ -4,7 +4,6 @@ node), retries, refusals, restarts, the way back, and Slinky's switch."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from recovery.coordinator.kube import KubeMode, released, unready_event
 from recovery.model import Source
 from recovery.ports.journal import ActionStatus, IncidentStatus
 from recovery.ports.nodes import KubeNode
-from recovery.ports.owners import OtherMark
+from recovery.ports.owners import SUNK_LOCK_TAINT
 from recovery.ports.slurm import NodeInfo
 from tests.fakes.nodes import FakeNodes
 from tests.fakes.slurm import FakeSlurm
@@ -83,7 +82,7 @@ def test_xid79_marks_deletes_the_pod_and_promotes_in_kubernetes_too(rig: Rig) ->
         "k8s-marked", "k8s-spare-promoted", "slurmd-pod-deleted", "jobs-requeued",
         "job-running", "closed",
     ]  # fmt: skip
-    detail = {p.name: p.detail for p in rig.incident("n2").phases}
+    detail = {p.name.value: p.detail for p in rig.incident("n2").phases}
     assert detail["slurmd-pod-deleted"] == "slurmd-n2"
     tick(rig)
     assert len(_nodes(rig).calls) == 3  # nothing repeated once done
@@ -177,7 +176,7 @@ def test_a_repaired_node_loses_our_marks_and_becomes_a_spare(rig: Rig) -> None:
     n1 = _nodes(rig).node("n1")
     assert not n1.marked
     assert n1.spare
-    names = [p.name for p in rig.incident("n1").phases]
+    names = [p.name.value for p in rig.incident("n1").phases]
     assert names.index("returned-to-pool") < names.index("k8s-cleared")
     assert "k8s-spare-retired" in names
     retire = next(a for a in rig.incident("n1").actions if a.action.kind == "retire")
@@ -211,9 +210,8 @@ def test_slinky_drains_through_the_operator(tmp_path: Path) -> None:
 
 def test_status_shows_who_else_holds_a_kubernetes_node(rig: Rig) -> None:
     nodes = _nodes(rig)
-    nodes._nodes["n4"] = replace(
-        nodes.node("n4"), others=(OtherMark("sunk", "taint sunk.coreweave.com/lock"),)
-    )
+    # SUNK locks n4 (its taint; the fake reads it as the real adapter does).
+    nodes.patch_node("n4", {"spec": {"taints": [{"key": SUNK_LOCK_TAINT, "effect": "NoSchedule"}]}})
     rig.engine.step()
     doc = rig.engine.status()
     (row,) = [r for r in doc["nodes"] if r["name"] == "n4"]

@@ -1,12 +1,25 @@
-"""Spare choice: same topology group first (settings map, then Slurm features), then by name."""
+"""Spare choice: same topology group first (settings map, then Slurm features), then by name;
+made when deciding, from the view, and part of the decision."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import MappingProxyType
 
-from recovery.policy import PolicyConfig, SpareTopology, choose_spare, topology_group
+from recovery.model import Decision, PromoteSpare, RequeueJobs, Verdict
+from recovery.policy import (
+    Catalogue,
+    ClusterView,
+    PolicyConfig,
+    PolicyState,
+    SpareTopology,
+    choose_spare,
+    decide,
+    differences,
+    topology_group,
+)
 
-from .helpers import node, spare
+from .helpers import T0, event, node, spare
 
 
 def _config(groups: dict[str, str] | None = None, prefix: str | None = None) -> PolicyConfig:
@@ -53,3 +66,54 @@ def test_settings_map_wins_over_features() -> None:
     assert topology_group(failed, config) == "nvl-1"
     assert topology_group("n1", config) == "nvl-1"
     assert topology_group("n2", config) is None
+
+
+# --- the choice is part of the decision --------------------------------------------------------
+
+
+def _promoted(d: Decision) -> str | None:
+    (promote,) = [a for a in d.actions if isinstance(a, PromoteSpare)]
+    return promote.spare
+
+
+def test_a_replacement_names_the_spare_chosen_from_the_view(catalogue: Catalogue) -> None:
+    view = ClusterView.from_nodes([node("n1"), node("n2"), spare("s2"), spare("s1")])
+    state = PolicyState.empty()
+    d = decide(state, event("xid79", "n1"), view, PolicyConfig(), catalogue, T0)
+    assert _promoted(d) == "s1"
+    # A spare promised to an earlier decision is not chosen again; none left: None.
+    d = decide(state, event("xid79", "n2"), view, PolicyConfig(), catalogue, T0, taken={"s1"})
+    assert _promoted(d) == "s2"
+    both = {"s1", "s2"}
+    assert (
+        _promoted(decide(state, event("xid79"), view, PolicyConfig(), catalogue, T0, taken=both))
+        is None
+    )
+
+
+def test_a_spare_that_does_not_answer_is_not_chosen(catalogue: Catalogue) -> None:
+    silent = replace(spare("s1"), flags=frozenset({"DRAIN", "NOT_RESPONDING"}))
+    view = ClusterView.from_nodes([node("n1"), silent, spare("s2")])
+    d = decide(PolicyState.empty(), event("xid95"), view, PolicyConfig(), catalogue, T0)
+    assert _promoted(d) == "s2"  # drain-reset promotes too
+
+
+def test_the_failed_nodes_features_name_its_group(catalogue: Catalogue) -> None:
+    view = ClusterView.from_nodes(
+        [
+            node("n1", features=frozenset({"nvl-2"})),
+            spare("s1", features=frozenset({"nvl-1"})),
+            spare("s2", features=frozenset({"nvl-2"})),
+        ]
+    )
+    d = decide(PolicyState.empty(), event("xid79"), view, _config(prefix="nvl-"), catalogue, T0)
+    assert _promoted(d) == "s2"
+
+
+def test_replay_does_not_compare_which_spare() -> None:
+    ev = event("xid79")
+    recorded = Decision(ev.id, "n1", "xid79", Verdict.replace_node, (PromoteSpare("n1", "s1"),))
+    replayed = replace(recorded, actions=(PromoteSpare("n1", None),))
+    assert differences(recorded, replayed) == ()
+    other = replace(recorded, actions=(RequeueJobs("n1"),))
+    assert differences(recorded, other) == ("actions",)
