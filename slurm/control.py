@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from recovery.errors import ReasonNotOursError, SlurmRefusedError, UsageError, unknown_choice
 from recovery.ports.slurm import (
@@ -44,6 +44,36 @@ def take_out_reason(info: NodeInfo, state: str, text: str) -> str | None:
         return None if info.down or state == "DRAIN" else info.reason
     held = info.down if state == "DOWN" else info.drained
     return None if held and info.reason == text else text
+
+
+def take_out_plan(nodes: Iterable[NodeInfo], state: str, text: str) -> dict[str, list[str]]:
+    """The requests one DOWN or DRAIN of ``nodes`` with our marked reason ``text`` needs:
+    reason to write -> the names to write it on (sorted, each once), one request per reason.
+    Nodes :func:`take_out_reason` leaves alone are in none; an empty plan is a no-op. Pure."""
+    plan: dict[str, list[str]] = {}
+    for info in sorted({n.name: n for n in nodes}.values(), key=lambda n: n.name):
+        why = take_out_reason(info, state, text)
+        if why is not None:
+            plan.setdefault(why, []).append(info.name)
+    return plan
+
+
+def resume_needed(info: NodeInfo, *, force: bool = False) -> bool:
+    """Whether returning ``info`` to service needs a request: False (a no-op) when it is in
+    service already; True when it is out and the mark on it is ours (or ``force``). Raises
+    ReasonNotOursError naming the reason and who set it otherwise: we put back only what we
+    took out, and an empty reason is not ours either. Pure."""
+    if not info.out_of_service:
+        return False
+    if not info.reason_is_ours and not force:
+        raise ReasonNotOursError(info.name, info.reason, info.reason_set_by)
+    return True
+
+
+def requeue_needed(job: JobInfo) -> bool:
+    """Whether a requeue of ``job`` needs a request: False (a no-op) when it is pending
+    already. Pure."""
+    return job.state != "PENDING"
 
 
 class SlurmBase(ABC):
@@ -115,11 +145,7 @@ class SlurmBase(ABC):
     def jobs_on(self, node: str) -> list[JobInfo]:
         """Running or completing jobs that use ``node``."""
         self.node(node)
-        return [
-            j
-            for j in self.jobs()
-            if node in j.nodes and j.state in ("RUNNING", "COMPLETING", "SUSPENDED")
-        ]
+        return [j for j in self.jobs() if j.uses(node)]
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -164,11 +190,8 @@ class SlurmBase(ABC):
         the current reason and who set it when the mark is not ours; an empty reason is not
         ours either (we did not take the node out, so we do not put it back).
         """
-        info = self.node(node)
-        if not info.out_of_service:
+        if not resume_needed(self.node(node), force=force):
             return False
-        if not info.reason_is_ours and not force:
-            raise ReasonNotOursError(node, info.reason, info.reason_set_by)
         try:
             self._request_resume(node)
         except SlurmRefusedError:
@@ -196,13 +219,8 @@ class SlurmBase(ABC):
         unknown = [n for n in nodes if n not in known]
         if unknown:
             raise unknown_choice("node", unknown[0], known)
-        todo: dict[str, list[str]] = {}  # reason to write -> nodes
-        for name in sorted(set(nodes)):
-            why = take_out_reason(known[name], state, text)
-            if why is not None:
-                todo.setdefault(why, []).append(name)
         changed: list[str] = []
-        for why, names in todo.items():
+        for why, names in take_out_plan((known[n] for n in nodes), state, text).items():
             try:
                 self._request_update(names, state, why)
             except SlurmRefusedError:
@@ -236,12 +254,12 @@ class SlurmBase(ABC):
         """Requeue a job (it goes back to PENDING, restart count + 1). False (no-op) when it is
         already pending or being requeued."""
         jid = validate_job_id(job_id)
-        if self.job(jid).state == "PENDING":
+        if not requeue_needed(self.job(jid)):
             return False
         try:
             self._request_requeue(jid)
         except SlurmRefusedError as e:
-            if _ALREADY_REQUEUED.search(str(e)) or self.job(jid).state == "PENDING":
+            if _ALREADY_REQUEUED.search(str(e)) or not requeue_needed(self.job(jid)):
                 return False
             raise
         return True
@@ -267,4 +285,4 @@ class SlurmBase(ABC):
             info = self.job(jid)
         except UsageError:
             return False
-        return not info.finished if states is None else info.state in states
+        return info.active if states is None else info.state in states

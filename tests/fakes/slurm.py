@@ -2,11 +2,17 @@
 benchmark. A fake of our own port, never the proof that the Slurm adapter works (that is
 tests/slurm against real daemons).
 
-It follows the port's contract where the coordinator depends on it: take-outs keep someone
-else's reason, return False when the state already holds, ``down`` requeues the requeueable
-jobs on the node; every call that would change Slurm is logged in :attr:`FakeSlurm.calls`
-(what ``scontrol update`` calls would have been made). ``latency_s`` makes each call sleep,
-as a real slurmctld round trip does.
+Our rules are not copied here: what a take-out writes, when a resume is ours to make, which
+jobs use a node and when a requeue is a no-op are the pure functions of ``slurm.control``
+that the real backends use (``take_out_plan``, ``resume_needed``, ``JobInfo.uses``,
+``requeue_needed``). What the fake adds is only Slurm's side, what slurmctld does with a
+request once it is sent (:meth:`FakeSlurm.scontrol_update`, :meth:`FakeSlurm.scontrol_resume`),
+and tests/slurm/test_port_contract.py runs the same cases against this fake and the real
+daemons to keep the two alike.
+
+Every call that would change Slurm is logged in :attr:`FakeSlurm.calls` (what ``scontrol
+update`` calls would have been made: one per reason written). ``latency_s`` makes each call
+sleep, as a real slurmctld round trip does.
 """
 
 from __future__ import annotations
@@ -16,14 +22,25 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from recovery.errors import ReasonNotOursError, SlurmUnavailableError, unknown_choice
-from recovery.ports.slurm import BatchJob, JobInfo, NodeInfo, is_ours, mark
+from recovery.errors import SlurmUnavailableError, UsageError, unknown_choice
+from recovery.ports.slurm import (
+    BatchJob,
+    JobInfo,
+    NodeInfo,
+    mark,
+    validate_job_id,
+    validate_node_name,
+)
 from recovery.spares import SPARE_REASON
+from slurm.control import requeue_needed, resume_needed, take_out_plan
 from tests.helpers import Crash
 
 
 class FakeSlurm:
-    """Nodes ``nodes`` (in service) and ``spares`` (drained as spares) in partition ``main``."""
+    """Nodes ``nodes`` (in service) and ``spares`` (drained as spares) in partition ``main``.
+
+    ``user`` is who the fake's caller acts as: the ``reason_set_by`` of what it writes (root,
+    as the coordinator on the local cluster)."""
 
     def __init__(
         self,
@@ -32,6 +49,7 @@ class FakeSlurm:
         *,
         latency_s: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
+        user: str = "root",
     ) -> None:
         self._nodes: dict[str, NodeInfo] = {
             n: NodeInfo(n, "IDLE", partitions=("main",)) for n in nodes
@@ -44,6 +62,7 @@ class FakeSlurm:
         self.calls: list[tuple[str, ...]] = []
         self.latency_s = latency_s
         self._sleep = sleep
+        self.user = user
         self.unavailable = 0
         """Fail this many next calls with SlurmUnavailableError (a slurmctld outage)."""
         self._lock = threading.Lock()
@@ -51,11 +70,48 @@ class FakeSlurm:
         self.crash_before: set[str] = set()
         """Raise :class:`Crash` (the coordinator killed) just before the named call runs."""
 
-    # --- test controls --------------------------------------------------------------------
+    # --- test controls: Slurm itself, or someone else ---------------------------------------
 
     def set_node(self, name: str, **changes: object) -> None:
         """Change a node as Slurm itself would (a crash, someone else's drain)."""
         self._nodes[name] = replace(self._nodes[name], **changes)  # type: ignore[arg-type]
+
+    def scontrol_update(
+        self, nodes: Sequence[str], state: str, reason: str, *, by: str | None = None
+    ) -> None:
+        """What slurmctld does with ``scontrol update NodeName=... State=DOWN|DRAIN
+        Reason=...`` sent by ``by`` (default :attr:`user`), with no rule of ours: the raw
+        request behind our take-outs, and someone else's drain or DOWN in a test.
+
+        DRAIN adds the flag and keeps the base state (running jobs go on); DOWN sets the base
+        state, keeps the flags, and requeues the jobs on the node (the fake's jobs are all
+        requeueable). Either way the reason is ``reason``, set by ``by``.
+        """
+        who = self.user if by is None else by
+        for name in nodes:
+            info = self._nodes[name]
+            if state == "DOWN":
+                self._nodes[name] = replace(info, state="DOWN", reason=reason, reason_set_by=who)
+                for j in [j for j in self._jobs.values() if j.uses(name)]:
+                    self._requeued(j)
+            elif state == "DRAIN":
+                self._nodes[name] = replace(
+                    info, flags=info.flags | {"DRAIN"}, reason=reason, reason_set_by=who
+                )
+            else:
+                raise ValueError(f"state {state!r}: expected DOWN or DRAIN")
+
+    def scontrol_resume(self, node: str) -> None:
+        """What slurmctld does with ``State=RESUME``: DOWN becomes IDLE, DRAIN goes (a node
+        with jobs stays ALLOCATED), the reason is cleared. Whoever asks."""
+        info = self._nodes[node]
+        self._nodes[node] = replace(
+            info,
+            state="IDLE" if info.down else info.state,
+            flags=info.flags - {"DRAIN", "NOT_RESPONDING"},
+            reason="",
+            reason_set_by="",
+        )
 
     def run_job(self, nodes: Sequence[str], name: str = "train") -> str:
         """A running requeueable job on ``nodes``; returns its id."""
@@ -76,6 +132,9 @@ class FakeSlurm:
     def updates(self) -> list[tuple[str, ...]]:
         """The calls that changed Slurm (not the reads)."""
         return [c for c in self.calls if c[0] not in ("nodes", "jobs")]
+
+    def _requeued(self, job: JobInfo) -> None:
+        self._jobs[job.job_id] = replace(job, state="PENDING", restart_count=job.restart_count + 1)
 
     def _enter(self, op: str = "") -> None:
         # Every call pays the round trip, and fails before changing anything during an outage.
@@ -105,6 +164,7 @@ class FakeSlurm:
         return [self._nodes[n] for n in sorted(self._nodes)]
 
     def node(self, name: str) -> NodeInfo:
+        validate_node_name(name)
         if name not in self._nodes:
             raise unknown_choice("node", name, self._nodes)
         return self._nodes[name]
@@ -114,31 +174,16 @@ class FakeSlurm:
         return list(self._jobs.values())
 
     def job(self, job_id: str | int) -> JobInfo:
-        return self._jobs[str(job_id)]
+        jid = validate_job_id(job_id)
+        if jid not in self._jobs:
+            raise UsageError(f"Unknown job {jid}: slurmctld does not know it (finished long ago?)")
+        return self._jobs[jid]
 
     def jobs_on(self, node: str) -> list[JobInfo]:
-        return [j for j in self._jobs.values() if node in j.nodes and j.state == "RUNNING"]
+        self.node(node)
+        return [j for j in self._jobs.values() if j.uses(node)]
 
-    # --- acting ---------------------------------------------------------------------------
-
-    def _take_out(self, node: str, state: str, reason: str) -> bool:
-        info = self.node(node)
-        text = mark(reason)
-        if info.held_by_other:
-            return False
-        held = info.down if state == "DOWN" else info.drained
-        if held and info.reason == text:
-            return False
-        flags = info.flags | {"DRAIN"} if state == "DRAIN" else info.flags
-        self._nodes[node] = replace(
-            info, state="DOWN" if state == "DOWN" else info.state, flags=flags, reason=text
-        )
-        if state == "DOWN":
-            for j in self.jobs_on(node):
-                self._jobs[j.job_id] = replace(
-                    j, state="PENDING", restart_count=j.restart_count + 1
-                )
-        return True
+    # --- acting: our rules from slurm.control, Slurm's side above ---------------------------
 
     def down(self, node: str, reason: str) -> bool:
         return bool(self.down_many([node], reason))
@@ -147,44 +192,48 @@ class FakeSlurm:
         return bool(self.drain_many([node], reason))
 
     def down_many(self, nodes: Sequence[str], reason: str) -> list[str]:
-        self._enter("down")
-        changed = sorted(n for n in set(nodes) if self._take_out(n, "DOWN", reason))
-        if changed:
-            self._log("down", ",".join(changed), mark(reason))
-        return changed
+        return self._take_out_many("down", nodes, reason)
 
     def drain_many(self, nodes: Sequence[str], reason: str) -> list[str]:
-        self._enter("drain")
-        changed = sorted(n for n in set(nodes) if self._take_out(n, "DRAIN", reason))
-        if changed:
-            self._log("drain", ",".join(changed), mark(reason))
-        return changed
+        return self._take_out_many("drain", nodes, reason)
+
+    def _take_out_many(self, op: str, nodes: Sequence[str], reason: str) -> list[str]:
+        text = mark(reason)
+        for n in nodes:
+            validate_node_name(n)
+        self._enter(op)
+        unknown = [n for n in nodes if n not in self._nodes]
+        if unknown:
+            raise unknown_choice("node", unknown[0], self._nodes)
+        state = op.upper()
+        changed: list[str] = []
+        # One request per reason written, as the real backends send them.
+        for why, names in take_out_plan((self._nodes[n] for n in nodes), state, text).items():
+            self.scontrol_update(names, state, why)
+            self._log(op, ",".join(names), why)
+            changed += names
+        return sorted(changed)
 
     def resume(self, node: str, *, force: bool = False) -> bool:
-        info = self.node(node)
-        if not (info.down or info.drained):
+        if not resume_needed(self.node(node), force=force):
             return False
-        if not is_ours(info.reason) and not force:
-            raise ReasonNotOursError(node, info.reason, info.reason_set_by)
         self._call("resume", node)
-        self._nodes[node] = replace(
-            info, state="IDLE", flags=info.flags - {"DRAIN", "NOT_RESPONDING"}, reason=""
-        )
+        self.scontrol_resume(node)
         return True
 
     def signal_job(self, job_id: str | int, signal: str) -> bool:
-        job = self._jobs.get(str(job_id))
+        job = self._jobs.get(validate_job_id(job_id))
         if job is None or job.state != "RUNNING":
             return False
-        self._call("signal", str(job_id), signal)
+        self._call("signal", job.job_id, signal)
         return True
 
     def requeue(self, job_id: str | int) -> bool:
-        job = self._jobs[str(job_id)]
-        if job.state == "PENDING":
+        job = self.job(job_id)
+        if not requeue_needed(job):
             return False
-        self._call("requeue", str(job_id))
-        self._jobs[job.job_id] = replace(job, state="PENDING", restart_count=job.restart_count + 1)
+        self._call("requeue", job.job_id)
+        self._requeued(job)
         return True
 
     def submit(self, job: BatchJob) -> str:
@@ -192,9 +241,9 @@ class FakeSlurm:
         return self.run_job([], name=str(job.options.get("job-name") or "job"))
 
     def cancel(self, job_id: str | int) -> bool:
-        job = self._jobs.get(str(job_id))
+        job = self._jobs.get(validate_job_id(job_id))
         if job is None or job.finished:
             return False
-        self._call("cancel", str(job_id))
+        self._call("cancel", job.job_id)
         self._jobs[job.job_id] = replace(job, state="CANCELLED")
         return True

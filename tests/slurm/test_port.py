@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from recovery.errors import SlurmRefusedError, SlurmUnavailableError, UsageError
+from recovery.errors import (
+    ReasonNotOursError,
+    SlurmRefusedError,
+    SlurmUnavailableError,
+    UsageError,
+)
 from recovery.ports.slurm import (
     JobInfo,
     NodeInfo,
@@ -17,7 +22,7 @@ from recovery.ports.slurm import (
     validate_node_name,
 )
 from slurm.cli_slurm import classify_failure, classify_reply_errors
-from slurm.control import take_out_reason
+from slurm.control import requeue_needed, resume_needed, take_out_plan, take_out_reason
 
 DRAIN = frozenset({"DRAIN"})
 NONE: frozenset[str] = frozenset()
@@ -145,6 +150,82 @@ OURS = "recover: xid79"
 )
 def test_take_out_reason(node: NodeInfo, state: str, write: str | None) -> None:
     assert take_out_reason(node, state, OURS) == write
+
+
+def test_take_out_plan_writes_one_request_per_reason() -> None:
+    nodes = [
+        NodeInfo("n3", "IDLE"),
+        NodeInfo("n1", "IDLE", DRAIN, "rma"),  # theirs, drained: DOWN keeping their reason
+        NodeInfo("n2", "DOWN", NONE, OURS),  # holds already
+        NodeInfo("n4", "DOWN", NONE, "rma"),  # theirs, DOWN: kept
+        NodeInfo("n5", "IDLE", DRAIN, "recover: other"),
+        NodeInfo("n3", "IDLE"),  # named twice: once
+    ]
+    assert take_out_plan(nodes, "DOWN", OURS) == {"rma": ["n1"], OURS: ["n3", "n5"]}
+    assert list(take_out_plan(nodes, "DOWN", OURS)) == ["rma", OURS]  # by first node's name
+    assert take_out_plan(nodes, "DRAIN", OURS) == {OURS: ["n2", "n3", "n5"]}
+    assert take_out_plan([NodeInfo("n2", "DOWN", NONE, OURS)], "DOWN", OURS) == {}
+    assert take_out_plan([], "DRAIN", OURS) == {}
+
+
+@pytest.mark.parametrize(
+    ("node", "force", "needed"),
+    [
+        (NodeInfo("n", "IDLE"), False, False),  # in service: a no-op
+        (NodeInfo("n", "IDLE", NONE, "stale note"), False, False),
+        (NodeInfo("n", "IDLE", frozenset({"NOT_RESPONDING"})), False, False),
+        (NodeInfo("n", "IDLE", DRAIN, OURS), False, True),
+        (NodeInfo("n", "DOWN", NONE, OURS), False, True),
+        (NodeInfo("n", "DOWN", DRAIN, "recover: spare"), False, True),
+        (NodeInfo("n", "IDLE", DRAIN, "rma"), True, True),  # forced
+        (NodeInfo("n", "DOWN", NONE, ""), True, True),
+        (NodeInfo("n", "IDLE"), True, False),
+    ],
+)
+def test_resume_needed(node: NodeInfo, force: bool, needed: bool) -> None:
+    assert resume_needed(node, force=force) is needed
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        NodeInfo("n", "IDLE", DRAIN, "rma", reason_set_by="alice"),
+        NodeInfo("n", "DOWN", DRAIN, "rma", reason_set_by="alice"),  # our DOWN of their drain
+        NodeInfo("n", "DOWN", NONE, "", reason_set_by="alice"),  # empty: not ours either
+        NodeInfo(
+            "n", "DOWN", frozenset({"NOT_RESPONDING"}), "Not responding", reason_set_by="alice"
+        ),
+    ],
+)
+def test_resume_of_a_mark_not_ours_is_refused(node: NodeInfo) -> None:
+    with pytest.raises(ReasonNotOursError, match="set by alice") as refused:
+        resume_needed(node)
+    assert (refused.value.node, refused.value.reason) == ("n", node.reason)
+
+
+@pytest.mark.parametrize(
+    ("state", "nodes", "on_n1"),
+    [
+        ("RUNNING", ("n1", "n2"), True),
+        ("COMPLETING", ("n1",), True),  # a requeue under way still uses the node
+        ("SUSPENDED", ("n1",), True),
+        ("RUNNING", ("n2",), False),
+        ("RUNNING", ("n10",), False),  # names, not prefixes
+        ("PENDING", ("n1",), False),
+        ("COMPLETED", ("n1",), False),
+        ("CANCELLED", ("n1",), False),
+    ],
+)
+def test_job_uses_node(state: str, nodes: tuple[str, ...], on_n1: bool) -> None:
+    assert JobInfo("1", "x", state, nodes).uses("n1") is on_n1
+
+
+@pytest.mark.parametrize(
+    ("state", "needed"),
+    [("PENDING", False), ("RUNNING", True), ("COMPLETING", True), ("COMPLETED", True)],
+)
+def test_requeue_needed(state: str, needed: bool) -> None:
+    assert requeue_needed(JobInfo("1", "x", state)) is needed
 
 
 @pytest.mark.parametrize("reason", ["", "   ", "recover:", "two\nlines", 'say "hi"'])
