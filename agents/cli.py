@@ -22,7 +22,8 @@ from agents.dedup import Deduplicator
 from agents.follow import DEV_KMSG
 from agents.kmsg import bus_map, parse_line, to_event
 from agents.runtime import DEFAULT_SOURCES, SOURCES, Agent, AgentConfig, run_agent
-from recovery.errors import RecoverError, UsageError, unknown_choice
+from recovery import climain
+from recovery.errors import UsageError, unknown_choice
 from recovery.model import HealthEvent
 from recovery.ports.clock import Stamp
 from recovery.train.workload import DEFAULT_DIR
@@ -256,14 +257,4 @@ def _log(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m agents ...``: the agent's commands without the rest of ``recover``."""
-    try:
-        rc = app(args=argv, standalone_mode=False)
-    except RecoverError as e:
-        print(f"recover agent: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except typer.Exit as e:
-        return int(e.exit_code)
-    except typer.TyperException as e:
-        print(f"recover agent: error: {e.format_message()}", file=sys.stderr)
-        return int(e.exit_code)
-    return rc if isinstance(rc, int) else 0
+    return climain.run(app, argv, prog="recover agent")

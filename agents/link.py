@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from recovery.errors import CoordinatorUnavailableError, RecoverError, UsageError
+from recovery.httpbody import error_reason
 from recovery.model import HealthEvent
 
 #: Statuses that are a verdict on the request (never retried unchanged).
@@ -152,18 +153,10 @@ class CoordinatorLink:
                 f"{what}: the coordinator at {self.url} does not answer ({type(e).__name__}: {e})"
             ) from e
         if r.status_code in VERDICTS:
-            raise Refused(r.status_code, _detail(r), what)
+            raise Refused(r.status_code, error_reason(r.text), what)
         if r.status_code >= 300:
             raise CoordinatorUnavailableError(
-                f"{what}: the coordinator at {self.url} answered {r.status_code}: {_detail(r)}"
+                f"{what}: the coordinator at {self.url} answered {r.status_code}: "
+                + error_reason(r.text)
             )
         return r.json()
-
-
-def _detail(r: httpx.Response) -> str:
-    try:
-        doc = r.json()
-    except ValueError:
-        return r.text[:300]
-    detail = doc.get("detail", doc) if isinstance(doc, dict) else doc
-    return detail if isinstance(detail, str) else str(detail)[:1000]

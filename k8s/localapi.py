@@ -31,6 +31,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from kubernetes import client as kclient
@@ -144,12 +145,9 @@ class LocalApiServer:
 
     def info(self) -> ApiServerInfo | None:
         """The recorded server, or None when none was started here (or it was stopped)."""
-        try:
-            raw = json.loads((self.state_dir / STATE_FILE).read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            raise ClusterError(f"cannot read {self.state_dir / STATE_FILE}: {e}") from e
+        return fsutil.read_json(self.state_dir / STATE_FILE, self._info, error=ClusterError)
+
+    def _info(self, raw: Any) -> ApiServerInfo:
         pids = {k: int(v) for k, v in raw["pids"].items()}
         return ApiServerInfo(self.state_dir, raw["url"], raw["etcd_url"], pids)
 

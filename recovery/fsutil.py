@@ -1,4 +1,5 @@
-"""Durable file writes: the one home of fsync ordering for small files and directories.
+"""Small state files: durable writes (the one home of fsync ordering for small files and
+directories) and the one way to read a JSON state file back (:func:`read_json`).
 
 A rename or a file creation is durable only once the directory holding the entry is
 fsynced, and a renamed file's bytes only if the file itself was fsynced before the rename.
@@ -11,9 +12,16 @@ Every function looks ``os`` up on this module, so a test may stand in for it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
+
+from recovery.errors import RecoverError
+
+T = TypeVar("T")
 
 
 def fsync_dir(path: Path | str) -> None:
@@ -80,3 +88,31 @@ def atomic_write(path: Path | str, data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(target.parent)
+
+
+def read_json(
+    path: Path | str, parse: Callable[[Any], T], *, error: type[RecoverError] = RecoverError
+) -> T | None:
+    """The JSON state file ``path`` (where a daemon listens, the pids a start recorded), as
+    ``parse`` makes it of the decoded document; None when there is no such file.
+
+    Raises ``error`` naming the file when it cannot be read, is not JSON, or ``parse`` rejects
+    what it holds (a missing field: KeyError; a wrong type or value: TypeError, ValueError).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise error(f"cannot read {p}: {e}") from e
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise error(f"cannot read {p}: not JSON ({e})") from e
+    try:
+        return parse(doc)
+    except KeyError as e:
+        raise error(f"cannot read {p}: no field {e} in it") from e
+    except (TypeError, ValueError, AttributeError) as e:
+        raise error(f"cannot read {p}: unexpected content ({e})") from e

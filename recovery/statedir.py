@@ -17,8 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery.errors import RecoverError
-from recovery.fsutil import atomic_write
+from recovery.fsutil import atomic_write, read_json
 
 #: Written by a serving coordinator into its state dir.
 ENDPOINT_FILE = "coordinator.json"
@@ -46,11 +45,8 @@ def write_endpoint(state_dir: Path, url: str, pid: int) -> None:
 
 
 def read_endpoint(state_dir: Path) -> Endpoint | None:
-    """The endpoint a coordinator recorded in ``state_dir``, or None when none did."""
-    try:
-        raw = json.loads((state_dir / ENDPOINT_FILE).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        raise RecoverError(f"cannot read {state_dir / ENDPOINT_FILE}: {e}") from e
-    return Endpoint(str(raw["url"]), int(raw["pid"]), state_dir)
+    """The endpoint a coordinator recorded in ``state_dir``, or None when none did. Raises
+    RecoverError naming the file when it is unreadable or damaged."""
+    return read_json(
+        state_dir / ENDPOINT_FILE, lambda raw: Endpoint(str(raw["url"]), int(raw["pid"]), state_dir)
+    )

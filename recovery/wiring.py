@@ -1,18 +1,19 @@
 """The composition root's builders: the one place that turns options and the environment into
-adapters for the core's ports.
+adapters for the core's ports (:class:`SlurmControl`, :class:`NodeControl`).
 
 Every command that talks to Slurm (``recover cluster status/promote/retire``, ``recover
-sbatch``, the coordinator's start-up) finds its cluster here, the same way: an explicit
-``--slurm-conf``, else ``$SLURM_CONF``, else the local cluster recorded in the state dir. The
-backend is a choice too (:class:`SlurmAccess`): Slurm's commands (``cli``, the default) or
-slurmrestd (``rest``). The environment comes in as a parameter, so tests control it. Adapters
-are imported inside the functions so that importing this module (and ``recover --help``)
-stays cheap.
+sbatch``, the coordinator's start-up, the scenario runner) finds its cluster here, the same
+way: an explicit ``--slurm-conf``, else ``$SLURM_CONF``, else the local cluster recorded in the
+state dir. The backend is a choice too (:class:`SlurmAccess`): Slurm's commands (``cli``, the
+default) or slurmrestd (``rest``). Kubernetes is reached as :class:`KubeOptions` say
+(:func:`node_control`). The environment comes in as a parameter, so tests control it.
+Starting the local cluster's processes is :mod:`recovery.bringup`'s. Adapters are imported
+inside the functions so that importing this module (and ``recover --help``) stays cheap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +23,6 @@ from recovery.ports.nodes import NodeControl
 from recovery.ports.slurm import SlurmControl
 
 if TYPE_CHECKING:
-    from recovery.statedir import Endpoint
     from slurm.cluster import ClusterStatus
 
 
@@ -47,6 +47,13 @@ def slurm_conf(explicit: str | None, state: Path | None, env: Mapping[str, str])
 
 #: The SlurmControl backends (``--slurm-backend``): Slurm's commands, or slurmrestd.
 SLURM_BACKENDS = ("cli", "rest")
+#: The environment variables :class:`SlurmAccess` falls back on.
+ACCESS_ENV = (
+    "RECOVER_SLURM_BACKEND",
+    "RECOVER_SLURMRESTD",
+    "RECOVER_SLURM_JWT_FILE",
+    "RECOVER_SLURM_USER",
+)
 
 
 @dataclass(frozen=True)
@@ -68,11 +75,12 @@ class SlurmAccess:
     def resolved(self, env: Mapping[str, str]) -> SlurmAccess:
         """Every unset field taken from ``env``; the backend checked. Raises UsageError
         naming the valid backends for an unknown one."""
+        backend, restd, jwt_file, user = (env.get(name) or None for name in ACCESS_ENV)
         out = SlurmAccess(
-            backend=self.backend or env.get("RECOVER_SLURM_BACKEND") or "cli",
-            restd=self.restd or env.get("RECOVER_SLURMRESTD") or None,
-            jwt_file=self.jwt_file or env.get("RECOVER_SLURM_JWT_FILE") or None,
-            user=self.user or env.get("RECOVER_SLURM_USER") or None,
+            backend=self.backend or backend or "cli",
+            restd=self.restd or restd,
+            jwt_file=self.jwt_file or jwt_file,
+            user=self.user or user,
         )
         if out.backend not in SLURM_BACKENDS:
             raise unknown_choice("Slurm backend", out.backend, SLURM_BACKENDS)
@@ -138,59 +146,6 @@ def cluster_status(
     if not other or Path(other).absolute() == local.conf_path:
         return local.status()
     return conf_status(Path(other).absolute(), env=env)
-
-
-def coordinator_dir(cluster_state: Path) -> Path:
-    """Where the local cluster's coordinator keeps its state: beside the cluster's state dir
-    (``.state/slurm`` -> ``.state/coordinator``, the operator verbs' default)."""
-    return cluster_state.parent / "coordinator"
-
-
-def start_coordinator(
-    cluster_state: Path,
-    conf: Path,
-    *,
-    config: Path | None = None,
-    listen: str = "127.0.0.1:0",
-) -> Endpoint:
-    """Start the coordinator for the local cluster in the background (a no-op when one runs);
-    returns where it listens. ``config``: its policy file; ``listen``: host:port (port 0: any
-    free one). Raises CoordinatorUnavailableError with its log when it fails."""
-    from recovery.supervise import coordinator as coordinator_proc
-
-    return coordinator_proc.start(
-        coordinator_dir(cluster_state), slurm_conf=conf, config=config, listen=listen
-    )
-
-
-def stop_coordinator(cluster_state: Path) -> bool:
-    """Stop the local cluster's coordinator; False when none ran."""
-    from recovery.supervise import coordinator as coordinator_proc
-
-    return coordinator_proc.stop(coordinator_dir(cluster_state))
-
-
-def start_agents(cluster_state: Path, endpoint: Endpoint, nodes: Sequence[str]) -> dict[str, int]:
-    """One agent per node of the local cluster, each on its own kernel-log file, connected to
-    ``endpoint``'s coordinator before this returns; node -> pid."""
-    from recovery.httpapi.client import Client, admin_token
-    from recovery.statedir import TOKENS_FILE
-    from recovery.supervise.agents import start_agents as start
-
-    d = coordinator_dir(cluster_state)
-    client = Client(endpoint.url, admin_token(d / TOKENS_FILE))
-
-    def connected() -> set[str]:
-        return {a["node"] for a in client.get("/v1/agents") if a["connected"]}
-
-    return start(d, nodes, endpoint.url, connected=connected)
-
-
-def stop_agents(cluster_state: Path) -> list[str]:
-    """Stop the local cluster's agents; returns the nodes whose agent was stopped."""
-    from recovery.supervise.agents import stop_agents as stop
-
-    return stop(coordinator_dir(cluster_state))
 
 
 @dataclass(frozen=True)

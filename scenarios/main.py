@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from recovery.errors import UsageError
+from recovery.wiring import SlurmAccess
 from scenarios import loader, render
 from scenarios.loader import Loaded
 from scenarios.runner import EXPECTATION_FAILED, RunOptions, RunResult, run
@@ -55,11 +56,13 @@ def run_command(
     enforce_budgets: bool = True,
     existing: ExistingCluster | None = None,
     env: Mapping[str, str] = os.environ,
+    slurm: SlurmAccess | None = None,
 ) -> int:
     """``recover scenario run``: progress on stdout (stderr with ``--json``, whose result
-    document goes to stdout), the result, and the failed expectations on stderr."""
+    document goes to stdout), the result, and the failed expectations on stderr. ``slurm``:
+    how the runner reaches Slurm (``--slurm-backend``)."""
     loaded = loader.find(scenario)
-    result = _run(loaded, out, cache, as_json, enforce_budgets, existing, env)
+    result = _run(loaded, out, cache, as_json, enforce_budgets, existing, env, slurm)
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -133,6 +136,7 @@ def _run(
     enforce_budgets: bool,
     existing: ExistingCluster | None,
     env: Mapping[str, str],
+    slurm: SlurmAccess | None = None,
 ) -> RunResult:
     stream = sys.stderr if as_json else sys.stdout
 
@@ -149,6 +153,7 @@ def _run(
         enforce_budgets=enforce_budgets,
         existing=existing,
         env=dict(env),
+        slurm=slurm or SlurmAccess(),
     )
     return run(loaded, opts)
 

@@ -1,8 +1,11 @@
 """The cluster a scenario runs on: a local one the runner starts and stops (munge, slurmctld,
-one slurmd per node, the coordinator, one agent per node), or an existing one it only talks to.
+one slurmd per node, slurmrestd for the REST backend, the coordinator, one agent per node), or
+an existing one it only talks to.
 
-Everything is built through :mod:`recovery.wiring`, the way ``recover cluster up --agents``
-builds it, so a scenario exercises the same start-up as an operator's test cluster.
+The local cluster comes up through :func:`recovery.bringup.up`, the bring-up of ``recover
+cluster up --agents``, so a scenario exercises the same start-up as an operator's test
+cluster; Slurm is reached through :func:`recovery.wiring.slurm_control` with the backend the
+run asked for (``recover scenario run --slurm-backend``).
 """
 
 from __future__ import annotations
@@ -18,13 +21,12 @@ from pathlib import Path
 
 import yaml
 
-from recovery import proc, statedir, wiring
+from recovery import bringup, proc, statedir, wiring
 from recovery.errors import CoordinatorUnavailableError, UsageError
 from recovery.httpapi.client import Client, admin_token
 from recovery.ports.slurm import SlurmControl
 from recovery.spares import is_ready_spare
 from scenarios.schema import ClusterSpec, ExistingCluster
-from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
 from slurm.clusterinfo import SOCKET_PATH_MAX, longest_socket, node_names
 
@@ -35,16 +37,17 @@ Log = Callable[[str], None]
 class LocalParts:
     """The processes a local rig started, and how to break or stop them."""
 
-    cluster: LocalCluster
+    state: Path
+    """The cluster's state dir (the coordinator's is beside it)."""
     policy: Path | None
 
     @property
-    def state(self) -> Path:
-        return self.cluster.state_dir
+    def cluster(self) -> LocalCluster:
+        return LocalCluster(self.state)
 
     @property
     def coordinator_dir(self) -> Path:
-        return wiring.coordinator_dir(self.state)
+        return bringup.coordinator_dir(self.state)
 
     def kill_coordinator(self, *, timeout_s: float = 10.0) -> int:
         """SIGKILL the coordinator (no shutdown of any kind); returns its pid once it is gone.
@@ -62,16 +65,13 @@ class LocalParts:
 
     def start_coordinator(self, listen: str = "127.0.0.1:0") -> statedir.Endpoint:
         """Start the coordinator (again) with the scenario's policy, listening on ``listen``."""
-        return wiring.start_coordinator(
+        return bringup.start_coordinator(
             self.state, self.cluster.conf_path, config=self.policy, listen=listen
         )
 
     def down(self) -> list[str]:
         """Stop agents, coordinator and cluster (each by pid); what was stopped."""
-        stopped = [f"agent:{n}" for n in wiring.stop_agents(self.state)]
-        if wiring.stop_coordinator(self.state):
-            stopped.append("coordinator")
-        return stopped + self.cluster.down()
+        return bringup.down(self.state)
 
 
 @dataclass
@@ -79,7 +79,7 @@ class Rig:
     """What the runner acts on: Slurm, the coordinator, and the nodes as they were at start."""
 
     slurm: SlurmControl
-    conf: Path
+    """Slurm through the backend the run asked for (``--slurm-backend``)."""
     client: Client
     nodes: tuple[str, ...]
     """Nodes in service at start (the job's candidates), sorted."""
@@ -94,7 +94,11 @@ class Rig:
         return self.local
 
     def down(self) -> list[str]:
-        """Stop what the runner started (nothing for an existing cluster)."""
+        """Stop what the runner started (nothing for an existing cluster); close the
+        connection the REST backend keeps to slurmrestd."""
+        close = getattr(self.slurm, "close", None)
+        if callable(close):
+            close()
         return self.local.down() if self.local is not None else []
 
 
@@ -116,55 +120,82 @@ def cluster_root(out: Path, spec: ClusterSpec) -> Path:
     return short
 
 
-def bring_up(spec: ClusterSpec, root: Path, log: Log) -> Rig:
-    """Start a local cluster under ``root`` (Slurm state in ``root/slurm``, the coordinator's
-    beside it), its coordinator with the scenario's policy, and one agent per node; return
-    once every node is idle and every agent connected.
+def local_spec(spec: ClusterSpec, backend: str, policy: Path | None) -> bringup.LocalSpec:
+    """What :func:`bring_up` asks :func:`recovery.bringup.up` for: ``spec``'s cluster, its
+    coordinator with ``policy`` and one agent per node, and slurmrestd when the run reaches
+    Slurm through it (``backend`` ``rest``)."""
+    return bringup.LocalSpec(
+        nodes=spec.nodes, spares=spec.spares, slurmd_timeout_s=spec.slurmd_timeout_s,
+        cred_expire_s=spec.cred_expire_s, rest=backend == "rest", coordinator=True,
+        agents=True, policy=policy,
+    )  # fmt: skip
 
-    Raises SlurmNotInstalledError, ClusterError (not root, a daemon failed) or
-    CoordinatorUnavailableError; whatever started is stopped again before the error leaves.
+
+def bring_up(
+    spec: ClusterSpec,
+    root: Path,
+    log: Log,
+    access: wiring.SlurmAccess | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Rig:
+    """Start a local cluster under ``root`` (Slurm state in ``root/slurm``, the coordinator's
+    beside it) through :func:`recovery.bringup.up`, as ``recover cluster up --agents`` does:
+    its coordinator with the scenario's policy, one agent per node, and slurmrestd when
+    ``access`` (resolved against ``env``, default the process's) asks for the REST backend;
+    return once every node is idle and every agent connected. The rig reaches Slurm through
+    ``access``'s backend (:meth:`recovery.bringup.LocalUp.slurm_control`).
+
+    Raises UsageError (an unknown backend, before anything starts), SlurmNotInstalledError,
+    ClusterError (not root, a daemon failed) or CoordinatorUnavailableError; whatever started
+    is stopped again before the error leaves.
     """
+    env = os.environ if env is None else env
+    access = access or wiring.SlurmAccess()
+    backend = access.resolved(env).backend or "cli"
     t0 = time.monotonic()
-    cluster = LocalCluster(
-        root / "slurm", slurmd_timeout_s=spec.slurmd_timeout_s, cred_expire_s=spec.cred_expire_s
-    )
     policy = None
     if spec.policy is not None:
         policy = root / "policy.yaml"
         root.mkdir(parents=True, exist_ok=True)
         policy.write_text(yaml.safe_dump(spec.policy, sort_keys=False))
-    parts = LocalParts(cluster, policy)
+    parts = LocalParts(root / "slurm", policy)
+
+    def timed(line: str) -> None:
+        log(f"{line} ({time.monotonic() - t0:.1f} s)")
+
     try:
-        info = cluster.up(nodes=spec.nodes, spares=spec.spares)
-        log(f"cluster up: nodes {', '.join(info.nodes)}; spares {', '.join(info.spares) or 'none'}"
-            f" ({time.monotonic() - t0:.1f} s)")  # fmt: skip
-        endpoint = parts.start_coordinator()
-        wiring.start_agents(cluster.state_dir, endpoint, info.nodes + info.spares)
-        log(f"coordinator at {endpoint.url}, one agent per node connected "
-            f"({time.monotonic() - t0:.1f} s)")  # fmt: skip
-        client = Client(endpoint.url, admin_token(endpoint.tokens_path))
+        up = bringup.up(parts.state, local_spec(spec, backend, policy), log=timed)
+        assert up.coordinator is not None  # asked for: LocalSpec(agents=True)
+        slurm = up.slurm_control(access, env)
+        client = Client(up.coordinator.url, admin_token(up.coordinator.tokens_path))
     except BaseException:
         parts.down()
         raise
     return Rig(
-        slurm=CliSlurm(info.conf_path),
-        conf=info.conf_path,
+        slurm=slurm,
         client=client,
-        nodes=tuple(info.nodes),
-        spares=tuple(info.spares),
+        nodes=tuple(up.info.nodes),
+        spares=tuple(up.info.spares),
         local=parts,
     )
 
 
-def attach(spec: ExistingCluster, env: Mapping[str, str], log: Log) -> Rig:
-    """Talk to a cluster that runs already: its slurm.conf, coordinator and admin token from
-    ``spec`` or the environment. The job's candidates are the in-service nodes of
-    ``spec.partition`` (every partition when None).
+def attach(
+    spec: ExistingCluster,
+    env: Mapping[str, str],
+    log: Log,
+    access: wiring.SlurmAccess | None = None,
+) -> Rig:
+    """Talk to a cluster that runs already: its Slurm through :func:`recovery.wiring.
+    slurm_control` with ``access`` (its slurm.conf from ``spec`` or ``$SLURM_CONF``), its
+    coordinator and admin token from ``spec`` or the environment. The job's candidates are
+    the in-service nodes of ``spec.partition`` (every partition when None).
 
     Raises UsageError naming what is missing, CoordinatorUnavailableError when the
     coordinator does not answer.
     """
-    conf = wiring.slurm_conf(spec.slurm_conf, None, env)
+    access = access or wiring.SlurmAccess()
+    slurm = wiring.slurm_control(spec.slurm_conf, None, env, access)
     url = spec.coordinator or env.get("RECOVER_COORDINATOR")
     tokens = spec.token_file or env.get("RECOVER_TOKEN_FILE")
     if not url or not tokens:
@@ -173,7 +204,6 @@ def attach(spec: ExistingCluster, env: Mapping[str, str], log: Log) -> Rig:
             "cluster.existing.coordinator and token_file, or $RECOVER_COORDINATOR and "
             "$RECOVER_TOKEN_FILE"
         )
-    slurm = CliSlurm(conf, env=env)
     client = Client(url.rstrip("/"), admin_token(Path(tokens)))
     client.get("/v1/status")  # fails now, with the hint, rather than mid-scenario
     view = slurm.nodes()
@@ -183,6 +213,6 @@ def attach(spec: ExistingCluster, env: Mapping[str, str], log: Log) -> Rig:
     spares = tuple(sorted(n.name for n in view if is_ready_spare(n)))
     if not nodes:
         raise UsageError(f"no node of {spec.partition or 'the cluster'} is in service")
-    log(f"existing cluster ({conf}): nodes {', '.join(nodes)}; "
-        f"spares {', '.join(spares) or 'none'}")  # fmt: skip
-    return Rig(slurm=slurm, conf=conf, client=client, nodes=nodes, spares=spares)
+    log(f"existing cluster (Slurm through {access.resolved(env).backend}): nodes "
+        f"{', '.join(nodes)}; spares {', '.join(spares) or 'none'}")  # fmt: skip
+    return Rig(slurm=slurm, client=client, nodes=nodes, spares=spares)

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from recovery.errors import RecoverError, UsageError
+from recovery.ports.journal import PhaseName
 from recovery.spares import is_spare
+from recovery.wiring import SlurmAccess
 from scenarios import rundir
 from scenarios.actions import carry_out
 from scenarios.control import Background, compile_cache
@@ -56,6 +58,8 @@ class RunOptions:
     existing: ExistingCluster | None = None
     """Run on this existing cluster whatever the file says."""
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    slurm: SlurmAccess = field(default_factory=SlurmAccess)
+    """How the runner reaches Slurm (``--slurm-backend``; unset fields from ``env``)."""
 
 
 @dataclass
@@ -115,10 +119,10 @@ def run(loaded: Loaded, opts: RunOptions) -> RunResult:
     say(f"scenario {s.name}: {s.description}")
     control = Background(j, opts.cache) if s.expect.digest_matches_control else None
     if existing is not None:
-        rig, root = attach(existing, opts.env, say), None
+        rig, root = attach(existing, opts.env, say, opts.slurm), None
     else:
         root = cluster_root(out, s.cluster)
-        rig = bring_up(s.cluster, root, say)
+        rig = bring_up(s.cluster, root, say, opts.slurm, opts.env)
     rec.nodes, rec.spares = list(rig.nodes), list(rig.spares)
     try:
         seen = _observe(s, rig, rec, opts.cache, deadline, say)
@@ -315,7 +319,7 @@ def _fired(when: When, watch: Watcher, mark: _Mark) -> bool:
         return any(ACTED & {p["name"] for p in i["phases"]} for i in fresh)
     if value == "closed":
         return len(incidents) > mark.at_fault and _all_closed(watch)
-    return any(p["name"] == "held" for i in incidents for p in i["phases"])
+    return any(p["name"] == PhaseName.held for i in incidents for p in i["phases"])
 
 
 def _past(mono: float) -> bool:

@@ -8,8 +8,7 @@
 # The binaries land in $KUBE_CACHE/v1.20.2/bin/ (KUBE_CACHE defaults to
 # /var/cache/slurm-k8s-recover/kube); the Go build cache (about 1.1 GB) sits beside them in
 # $KUBE_CACHE/gocache so a rebuild relinks in seconds. No registry ships a kube-apiserver
-# binary, and the upstream vendor/ tree needs three fixes to build with Debian's Go 1.19
-# (see ../shared/REFERENCE.md, "Real Kubernetes API server without Docker"):
+# binary, and the upstream vendor/ tree needs three fixes to build with Debian's Go 1.19:
 #   1. the vendored modern-go/reflect2 1.0.1 crashes on Go >= 1.18: swap in Debian's 1.0.2;
 #   2. the generated OpenAPI definitions are not in the tarball: openapi-gen + make gen_openapi;
 #   3. the version is stamped into both version packages, or GET /version says v0.0.0-master.

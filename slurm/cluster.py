@@ -1,8 +1,9 @@
 """A real local Slurm cluster: munged, slurmctld and one slurmd per node, on one machine.
 
 Everything lives under one state dir (conf, spool, logs, pids, munge's files unless user munge
-cannot reach it - see ``slurm.munge``). ``LocalCluster`` is the one wiring used by the CLI
-(``recover cluster up/down/status/env``), the pytest fixtures and the demo.
+cannot reach it - see ``slurm.munge``). ``LocalCluster`` is the one way to run it: the local
+bring-up (``recovery.bringup``: ``recover cluster up/down`` and the scenario runner), ``recover
+cluster status``, the pytest fixtures and the benchmarks use it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from recovery import fsutil, proc
 from recovery.errors import (
@@ -93,12 +95,9 @@ class LocalCluster:
 
     def info(self) -> ClusterInfo | None:
         """The recorded cluster, or None when none was started here (or it was stopped)."""
-        try:
-            raw = json.loads((self.state_dir / STATE_FILE).read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            raise ClusterError(f"cannot read {self.state_dir / STATE_FILE}: {e}") from e
+        return fsutil.read_json(self.state_dir / STATE_FILE, self._info, error=ClusterError)
+
+    def _info(self, raw: Any) -> ClusterInfo:
         return ClusterInfo(
             state_dir=self.state_dir,
             conf_path=Path(raw["conf_path"]),

@@ -287,13 +287,7 @@ def save_endpoint(state_dir: Path, endpoint: RestEndpoint) -> None:
 
 def load_endpoint(state_dir: Path) -> RestEndpoint | None:
     """The endpoint recorded in ``state_dir``, or None; ClusterError when unreadable."""
-    path = state_dir / REST_FILE
-    try:
-        return RestEndpoint.from_json(json.loads(path.read_text()))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError) as e:
-        raise ClusterError(f"cannot read {path}: {e}") from e
+    return fsutil.read_json(state_dir / REST_FILE, RestEndpoint.from_json, error=ClusterError)
 
 
 def remove(paths: RestPaths, state_dir: Path) -> None:

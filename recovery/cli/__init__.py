@@ -1,16 +1,18 @@
 """The ``recover`` command line. Thin: each command parses options and calls one function.
 
-Heavy imports (jax, the Slurm adapter) happen inside the commands that need them so that
-``recover --help`` and ``recover checkpoint ls`` stay fast.
+One module per group of commands beside this one (``recover agent`` is :mod:`agents.cli`);
+options several commands share are in :mod:`recovery.cli.options`; :func:`main` turns errors
+into exit statuses (:mod:`recovery.climain`). Heavy imports (jax, the Slurm adapter) happen
+inside the commands that need them so that ``recover --help`` and ``recover checkpoint ls``
+stay fast.
 """
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
 from agents import cli as _agent
+from recovery import climain
 from recovery.cli import checkpoint as _checkpoint
 from recovery.cli import cluster as _cluster
 from recovery.cli import coordinator as _coordinator
@@ -19,7 +21,6 @@ from recovery.cli import ops as _ops
 from recovery.cli import report as _report
 from recovery.cli import scenario as _scenario
 from recovery.cli import train as _train
-from recovery.errors import RecoverError
 
 app = typer.Typer(
     name="recover",
@@ -44,23 +45,6 @@ _scenario.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; a :class:`RecoverError` becomes a one-paragraph message and its exit code."""
-    try:
-        # Without standalone mode, typer.Exit(n) comes back as the return value.
-        rc = app(args=argv, standalone_mode=False)
-    except RecoverError as e:
-        print(f"recover: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except typer.Exit as e:
-        return int(e.exit_code)
-    except typer.Abort:
-        print("recover: aborted", file=sys.stderr)
-        return 130
-    except typer.TyperException as e:  # usage errors: unknown option, missing value, ...
-        show = getattr(e, "show", None)
-        if callable(show):
-            show()
-        else:
-            print(f"recover: error: {e.format_message()}", file=sys.stderr)
-        return int(e.exit_code)
-    return rc if isinstance(rc, int) else 0
+    """Run the CLI; a :class:`RecoverError` becomes a one-paragraph message and its exit code
+    (:func:`recovery.climain.run`)."""
+    return climain.run(app, argv, prog="recover")

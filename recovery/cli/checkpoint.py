@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from recovery.checkpoint import CheckpointStore
+from recovery.cli.options import AsJson
 from recovery.errors import CheckpointDamaged, NoCheckpointError, UsageError
 
 app = typer.Typer(help="Inspect and verify checkpoints.", no_args_is_help=True)
@@ -47,7 +48,7 @@ def ls(
     quick: Annotated[
         bool, typer.Option("--quick", help="Check manifests and sizes only, not every byte.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """List checkpoints, newest first: intact / incomplete / corrupt with the reason."""
     statuses = CheckpointStore(_root(directory)).scan(deep=not quick)

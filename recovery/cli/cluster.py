@@ -1,9 +1,10 @@
 """``recover cluster ...`` and ``recover sbatch``: the local Slurm cluster and job submission.
 
-Thin: each command parses its options and calls one function. Which cluster a command talks
-to is resolved in one place, :mod:`recovery.wiring` (``--slurm-conf``, else ``$SLURM_CONF``,
-else the local cluster). The Slurm modules are imported inside the commands so ``recover
---help`` stays fast.
+Thin: each command parses its options and calls one function. ``up`` and ``down`` are
+:mod:`recovery.bringup`'s (the scenario runner's local cluster starts the same way); which
+cluster the other commands talk to is resolved in one place, :mod:`recovery.wiring`
+(``--slurm-conf``, else ``$SLURM_CONF``, else the local cluster). The Slurm modules are
+imported inside the commands so ``recover --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from recovery import wiring
-from recovery.cli.slurm_options import SlurmBackend
+from recovery import bringup, wiring
+from recovery.cli.options import AsJson, SlurmBackend
 from recovery.ports.slurm import SlurmControl
 from recovery.spares import SparePool
 
@@ -32,7 +33,6 @@ StateDir = Annotated[
         "[default: $RECOVER_STATE_DIR/slurm or ./.state/slurm].",
     ),
 ]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 SlurmConf = Annotated[
     str | None,
     typer.Option(
@@ -83,23 +83,16 @@ def up(
     as_json: AsJson = False,
 ) -> None:
     """Start munge, slurmctld and one slurmd per node; return once all nodes are idle."""
-    from slurm.cluster import LocalCluster
-
     d = _state_dir(state_dir)
-    cluster = LocalCluster(d, slurmd_timeout_s=slurmd_timeout, jwt=rest)
-    info = cluster.up(nodes=nodes, spares=spares)
-    restd = cluster.start_rest() if rest else None
-    endpoint = wiring.start_coordinator(d, info.conf_path) if coordinator or agents else None
-    if agents and endpoint is not None:
-        wiring.start_agents(d, endpoint, info.nodes + info.spares)
+    spec = bringup.LocalSpec(
+        nodes=nodes, spares=spares, slurmd_timeout_s=slurmd_timeout, rest=rest,
+        coordinator=coordinator, agents=agents,
+    )  # fmt: skip
+    got = bringup.up(d, spec)
     if as_json:
-        doc = info.to_json()
-        if endpoint is not None:
-            doc["coordinator"] = {"url": endpoint.url, "state_dir": str(endpoint.state_dir)}
-        if restd is not None:
-            doc["slurmrestd"] = restd.to_json()
-        typer.echo(json.dumps(doc, indent=2))
+        typer.echo(json.dumps(got.to_json(), indent=2))
         return
+    info, endpoint, restd = got.info, got.coordinator, got.restd
     verb = "started" if info.started else "already running"
     typer.echo(f"cluster {verb}: nodes {', '.join(info.nodes)}; spares {', '.join(info.spares)}")
     if endpoint is not None:
@@ -121,13 +114,7 @@ def up(
 @app.command()
 def down(state_dir: StateDir = None) -> None:
     """Stop every process the cluster started (a no-op when none runs)."""
-    from slurm.cluster import LocalCluster
-
-    d = _state_dir(state_dir)
-    stopped = [f"agent:{n}" for n in wiring.stop_agents(d)]
-    if wiring.stop_coordinator(d):
-        stopped.append("coordinator")
-    stopped += LocalCluster(d).down()
+    stopped = bringup.down(_state_dir(state_dir))
     typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "no cluster was running")
 
 

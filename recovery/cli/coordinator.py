@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from recovery.cli.slurm_options import SlurmBackend, SlurmJwtFile, SlurmRestd, SlurmUser
+from recovery.cli.options import AsJson, SlurmBackend, SlurmJwtFile, SlurmRestd, SlurmUser
 
 app = typer.Typer(help="Run the coordinator (events in, Slurm actions out).", no_args_is_help=True)
 policy_app = typer.Typer(help="Inspect the fault policy.", no_args_is_help=True)
@@ -108,7 +108,7 @@ def replay(
     config: Annotated[
         Path | None, typer.Option(help="The policy file to re-decide under [default: built-in].")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Re-decide a recorded event history under another policy; print what would differ.
     Applies no action."""

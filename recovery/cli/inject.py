@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from recovery.cli.options import AsJson
 from recovery.httpapi.client import Client, inject
 
 
@@ -49,7 +50,7 @@ def register(app: typer.Typer) -> None:
         ] = "agent",
         wait: Annotated[bool, typer.Option(help="Wait for the coordinator's decision.")] = False,
         timeout: Annotated[float, typer.Option(help="--wait gives up after S s.")] = 60.0,
-        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+        as_json: AsJson = False,
         coordinator: Annotated[str | None, typer.Option(help="The coordinator's URL.")] = None,
         token_file: Annotated[Path | None, typer.Option(help="The tokens file.")] = None,
         state_dir: Annotated[Path | None, typer.Option(help="The coordinator's state.")] = None,

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from recovery.cli.options import AsJson
 from recovery.cli.render import render_breaker, render_incident, render_incidents, render_status
 
 Url = Annotated[
@@ -35,7 +36,6 @@ StateDir = Annotated[
         "./.state/coordinator].",
     ),
 ]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 node_app = typer.Typer(help="Tell the coordinator about a node.", no_args_is_help=True)
 breaker_app = typer.Typer(help="Show or release the blast-radius breaker.", no_args_is_help=True)

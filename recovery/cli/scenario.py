@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from recovery.cli.options import AsJson, SlurmBackend
+
 app = typer.Typer(
     help="Run fault scenarios against a test cluster and check what they cost.",
     no_args_is_help=True,
@@ -29,7 +31,6 @@ Cache = Annotated[
         "or ./.state/control-runs]."
     ),
 ]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 
 @app.command("run")
@@ -54,15 +55,20 @@ def run(
     token_file: Annotated[
         str | None, typer.Option(help="The existing coordinator's tokens file.")
     ] = None,
+    slurm_backend: SlurmBackend = None,
 ) -> None:
     """Run a scenario: start the local cluster (or use an existing one), inject its faults,
-    check its expectations, write its run directory and report."""
+    check its expectations, write its run directory and report. --slurm-backend is how the
+    runner submits the job and reads Slurm (rest: the local cluster also starts slurmrestd);
+    the coordinator it starts uses Slurm's commands."""
+    from recovery.wiring import SlurmAccess
     from scenarios.main import existing_from, run_command
 
     raise typer.Exit(
         run_command(
             scenario, out=out, cache=cache, as_json=as_json, enforce_budgets=not no_budgets,
             existing=existing_from(slurm_conf, coordinator, token_file), env=os.environ,
+            slurm=SlurmAccess(slurm_backend),
         )
     )  # fmt: skip
 

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from recovery.errors import AuthError, CoordinatorUnavailableError, RecoverError, UsageError
+from recovery.httpbody import error_reason
 from recovery.statedir import TOKENS_FILE, read_endpoint
 
 START_HINT = (
@@ -89,11 +90,11 @@ class Client:
                 f"the coordinator at {self.url} does not answer ({e}); {START_HINT}"
             ) from e
         if r.status_code in (401, 403):
-            raise AuthError(f"{method} {path}: {r.status_code} {_message(r)}")
+            raise AuthError(f"{method} {path}: {r.status_code} {error_reason(r.text)}")
         if r.status_code in (400, 404, 409, 413, 422):
-            raise UsageError(_message(r))
+            raise UsageError(error_reason(r.text))
         if r.status_code >= 300:
-            raise RecoverError(f"{method} {path}: {r.status_code} {_message(r)}")
+            raise RecoverError(f"{method} {path}: {r.status_code} {error_reason(r.text)}")
         return r.json()
 
     def get(self, path: str) -> Any:
@@ -101,15 +102,6 @@ class Client:
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, body)
-
-
-def _message(r: httpx.Response) -> str:
-    try:
-        doc = r.json()
-    except ValueError:
-        return r.text[:500]
-    detail = doc.get("detail", doc) if isinstance(doc, dict) else doc
-    return detail if isinstance(detail, str) else str(detail)
 
 
 def inject(

@@ -1,6 +1,11 @@
-"""Ports: the small interfaces the core uses and the adapters implement.
+"""Ports: the small interfaces the core uses and the adapters implement, and the plain values
+that cross them.
 
-``slurm`` (SlurmControl, NodeInfo, JobInfo and the ownership mark), ``journal`` (the incident
-journal), ``clock`` (time), ``nodes`` (Kubernetes NodeControl, to come with the Kubernetes
-adapter).
+``slurm`` (SlurmControl, with NodeInfo, JobInfo, BatchJob and the ``recover:`` ownership mark;
+implemented by ``slurm.cli_slurm`` and ``slurm.rest_slurm``), ``nodes`` (NodeControl: the
+Kubernetes side of a Slurm-on-Kubernetes cluster; ``k8s.nodes``), ``journal`` (the incident
+journal; ``recovery.journaldb``), ``clock`` (time, both clocks; SystemClock and FakeClock),
+``checks`` (RepairChecker: is a repaired node healthy again; ``recovery.startup.checks``),
+``owners`` (other tools' marks on Slurm nodes and Kubernetes objects, read so that we never
+clear them; pure).
 """

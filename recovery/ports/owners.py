@@ -3,7 +3,10 @@ Slurm nodes and Kubernetes objects, so that we recognise them, never clear them,
 holds a node ("held by slinky").
 
 Pure: reasons, labels, annotations and taint keys in, :class:`OtherMark` values out. The
-conventions are the operators' documented ones (../shared/REFERENCE.md, "Other owners' marks").
+conventions are the ones each operator documents: Slinky's slurm-operator drains with reasons
+starting ``slurm-operator:`` and is asked to drain by a pod annotation; CoreWeave SUNK marks
+with a node annotation and a lock taint; Nebius Soperator tags its reasons
+(``[node_problem]``, ...); SageMaker HyperPod labels unhealthy Kubernetes nodes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The local cluster's node agents as background processes: one ``python -m agents run`` per
 node, each following its own kernel-log file (all simulated nodes share one kernel, so each
-gets ``STATE_DIR/agents/NODE/kmsg``), spooling in ``STATE_DIR/agents/NODE/spool``. Started
-and stopped by pid; ``STATE_DIR/agents.json`` records them.
+gets ``STATE_DIR/agents/NODE/kmsg``), spooling in ``STATE_DIR/agents/NODE/spool``. STATE_DIR
+is the coordinator's state dir (its tokens file gives each agent its token). Started and
+stopped by pid; ``STATE_DIR/agents.json`` records them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from recovery.errors import CoordinatorUnavailableError
-from recovery.fsutil import atomic_write
+from recovery.fsutil import atomic_write, read_json
 from recovery.proc import alive, spawn
 from recovery.statedir import TOKENS_FILE
 
@@ -35,12 +36,10 @@ def kmsg_file(state_dir: Path, node: str) -> Path:
 
 
 def running(state_dir: Path) -> dict[str, int]:
-    """Node -> pid of the agents recorded in ``state_dir`` that still run."""
-    try:
-        pids = json.loads((state_dir / AGENTS_FILE).read_text())
-    except FileNotFoundError:
-        return {}
-    return {n: int(p) for n, p in pids.items() if alive(int(p))}
+    """Node -> pid of the agents recorded in ``state_dir`` that still run. Raises
+    RecoverError naming the file when it is unreadable or damaged."""
+    pids = read_json(state_dir / AGENTS_FILE, lambda raw: {str(n): int(p) for n, p in raw.items()})
+    return {n: p for n, p in (pids or {}).items() if alive(p)}
 
 
 def start_agents(

@@ -1,9 +1,10 @@
 """The coordinator as a background process: start it, find it, stop it, by pid.
 
-``recover cluster up --coordinator``, the test fixtures and the demo all start it the same way:
-``python -m recovery coordinator serve --state-dir DIR ...`` in its own session, its output in
-``DIR/coordinator.log``. The serving process writes ``DIR/coordinator.json`` (url, pid) once it
-listens; :func:`start` waits for ``/healthz`` to answer before it returns.
+The local bring-up (:mod:`recovery.bringup`: ``recover cluster up --coordinator``, the scenario
+runner) and the test fixtures all start it the same way: ``python -m recovery coordinator
+serve --state-dir DIR ...`` in its own session, its output in ``DIR/coordinator.log``. The
+serving process writes ``DIR/coordinator.json`` (url, pid) once it listens; :func:`start`
+waits for ``/healthz`` to answer before it returns.
 """
 
 from __future__ import annotations

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
+from recovery import bringup
 from recovery.cli import main
+from recovery.statedir import Endpoint
 from slurm import procs
-from slurm.cluster import REQUIRED_PROGRAMS
+from slurm.cluster import REQUIRED_PROGRAMS, ClusterInfo
 from tests.slurm.helpers import GOLDEN, TRAIN
 
 
@@ -62,3 +65,37 @@ def test_cluster_lifecycle_is_idempotent(
     assert procs.cluster_processes(str(state)) == set()
     assert main(["cluster", "down", *opts]) == 0
     assert "no cluster was running" in capsys.readouterr().out
+
+
+def test_cluster_up_and_down_are_the_local_bring_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The options become one LocalSpec for recovery.bringup.up, the scenario rig's bring-up.
+    specs: list[tuple[Path, bringup.LocalSpec]] = []
+
+    def up(state: Path, spec: bringup.LocalSpec) -> bringup.LocalUp:
+        specs.append((state, spec))
+        info = ClusterInfo(state, state / "slurm.conf", ("node1",), ("spare1",), {}, state)
+        ep = Endpoint("http://127.0.0.1:8470", 1, bringup.coordinator_dir(state))
+        return bringup.LocalUp(info, coordinator=ep)
+
+    monkeypatch.setattr(bringup, "up", up)
+    monkeypatch.setattr(bringup, "down", lambda state: [f"down {state.name}"])
+    state = tmp_path / "slurm"
+    argv = ["cluster", "up", "--nodes", "1", "--agents", "--rest", "--slurmd-timeout", "7"]
+    assert main([*argv, "--state-dir", str(state), "--json"]) == 0
+    assert specs == [
+        (
+            state,
+            bringup.LocalSpec(
+                nodes=1, spares=1, slurmd_timeout_s=7, rest=True, coordinator=False, agents=True
+            ),
+        )
+    ]
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["coordinator"] == {
+        "url": "http://127.0.0.1:8470",
+        "state_dir": str(tmp_path / "coordinator"),
+    }
+    assert main(["cluster", "down", "--state-dir", str(state)]) == 0
+    assert capsys.readouterr().out == "stopped: down slurm\n"

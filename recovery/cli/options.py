@@ -1,12 +1,14 @@
-"""The ``--slurm-*`` options shared by the commands that talk to Slurm (see
-:class:`recovery.wiring.SlurmAccess`; an option left out falls back to its environment
-variable, then to the default)."""
+"""Options several commands share: ``--json``, and the ``--slurm-*`` options of the commands
+that talk to Slurm (see :class:`recovery.wiring.SlurmAccess`; an option left out falls back to
+its environment variable, then to the default)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
+
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 SlurmBackend = Annotated[
     str | None,
