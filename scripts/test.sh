@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Run the whole test suite (all tiers). Pass pytest options through, e.g.:
-#   ./scripts/test.sh -m "not slow"     skip the long crash loops
+#   ./scripts/test.sh -m "not slow"     skip the long crash loops and the scenario matrix
 #   ./scripts/test.sh tests/train -x
+# Tests run in RECOVER_TEST_WORKERS processes (pytest-xdist; default 2, one per core of the
+# machines we run on): most real-daemon tests spend their time waiting on Slurm, so two at
+# once nearly halve the suite. RECOVER_TEST_WORKERS=0 runs everything in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian installs slurmctld, slurmd and munged in /usr/sbin, which a non-login PATH may lack;
 # without them the Slurm tier would be skipped rather than run.
 export PATH="$PATH:/usr/sbin:/sbin"
-exec .venv/bin/python -m pytest "$@"
+workers="${RECOVER_TEST_WORKERS:-2}"
+if [[ "$workers" == 0 ]]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+# loadgroup: tests marked xdist_group("NAME") share one worker (and its session fixtures).
+exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"

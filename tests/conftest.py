@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 
-# The real local Slurm cluster's and Kubernetes API server's fixtures (started only by tests
-# that ask for them).
-pytest_plugins = ["tests.plugins.slurm_cluster", "tests.plugins.kube_api"]
+# The real local Slurm cluster's and Kubernetes API server's fixtures, and the session's one
+# `recover demo` run (each started only by tests that ask for it).
+pytest_plugins = [
+    "tests.plugins.slurm_cluster",
+    "tests.plugins.kube_api",
+    "tests.plugins.demo_run",
+]
 
 
 @functools.cache
@@ -62,5 +66,11 @@ def pytest_runtest_makereport(
 @pytest.fixture(scope="session")
 def control_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One cache of scenario control runs (and of their JAX compilation) for the session, so
-    each training configuration's uninterrupted run is trained once."""
-    return tmp_path_factory.mktemp("control-runs")
+    each training configuration's uninterrupted run is trained once. Under pytest-xdist the
+    workers share it (each has its own temp folder inside one common one): the cache renames
+    each finished run into place, so two workers computing the same control never clash."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    cache = root / "control-runs"
+    cache.mkdir(exist_ok=True)
+    return cache

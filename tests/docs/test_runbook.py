@@ -1,5 +1,11 @@
 """docs/runbook.md, run as written: its ``sh`` blocks, top to bottom, in one bash shell.
 
+One line is not run here but taken from the session's ``recover demo``: the runbook's
+``recover scenario run scenarios/shipped/xid79.yaml --out runs/xid79`` is the xid79 scenario
+the demo runs (shortened), so its run directory is copied to ``runs/xid79`` instead of running
+the same scenario a second time; the blocks after it (``recover report runs/xid79``, ...) read
+it as they would their own. The line must appear exactly as written, or the test fails.
+
 Runs in a scratch directory (``scenarios/`` linked in, so the runbook's relative paths work)
 against real daemons: the scenario's own local cluster, then the runbook's. Between blocks the
 test records ``recover status --json`` where the runbook makes a claim about it, and checks
@@ -22,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.docs.doc_commands import ROOT
+from tests.plugins.demo_run import USES_DEMO, DemoRun
 
 RUNBOOK = ROOT / "docs" / "runbook.md"
 BIN = Path(sys.executable).parent
@@ -40,10 +47,17 @@ def sh_blocks(text: str) -> list[str]:
     return re.findall(r"^```sh\n(.*?)^```", text, flags=re.S | re.M)
 
 
-def _script(blocks: list[str], out: Path) -> str:
+#: The runbook's scenario run, which the session's demo run stands for (see the docstring).
+SCENARIO_LINE = "recover scenario run scenarios/shipped/xid79.yaml --out runs/xid79"
+
+
+def _script(blocks: list[str], out: Path, demo_out: Path) -> str:
     lines = ["set -euo pipefail"]
     for i, block in enumerate(blocks):
         for line in block.splitlines():
+            if line.strip() == SCENARIO_LINE:
+                lines.append(f"mkdir -p runs && cp -a {demo_out} runs/xid79")
+                continue
             if line.strip() == "recover cluster down":
                 lines.append(f"recover status --json > {out}/status-before-down.json")
             lines.append(line)
@@ -79,9 +93,15 @@ def test_sh_blocks_are_found() -> None:
     blocks = sh_blocks(RUNBOOK.read_text())
     assert len(blocks) >= 5
     assert any("recover inject" in b for b in blocks)
+    scenario_lines = [ln for b in blocks for ln in b.splitlines() if ln.strip() == SCENARIO_LINE]
+    assert len(scenario_lines) == 1, f"the runbook should run {SCENARIO_LINE!r} once"
 
 
-def test_runbook_runs_as_written(scratch: Path) -> None:
+@USES_DEMO
+def test_runbook_runs_as_written(scratch: Path, demo_run: DemoRun) -> None:
+    assert demo_run.done.returncode == 0, "the demo run the runbook reads failed:\n" + (
+        demo_run.done.stdout[-3000:] + demo_run.done.stderr[-3000:]
+    )
     blocks = sh_blocks(RUNBOOK.read_text())
     out = scratch / "captured"
     out.mkdir()
@@ -93,7 +113,7 @@ def test_runbook_runs_as_written(scratch: Path) -> None:
     env.pop("RECOVER_STATE_DIR", None)
     env.pop("SLURM_CONF", None)
     proc = subprocess.run(
-        ["bash", "-c", _script(blocks, out)],
+        ["bash", "-c", _script(blocks, out, demo_run.out)],
         cwd=scratch,
         env=env,
         capture_output=True,

@@ -1,30 +1,24 @@
 """``recover demo`` as a user runs it (shortened with ``--steps``): the xid79 scenario on a
 4-node + 1-spare local cluster with the coordinator, an agent per node and a JAX training job,
-ending with what the failure cost and where the timeline is."""
+ending with what the failure cost and where the timeline is.
+
+The run is the session's one demo (``tests/plugins/demo_run.py``), which the runbook test and
+the scenario matrix's xid79 checks read too.
+"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.slurm.helpers import require_local_slurm
+from tests.plugins.demo_run import USES_DEMO, DemoRun
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, USES_DEMO]
 
 
-def test_recover_demo_ends_with_the_cost_of_the_failure(
-    control_cache: Path, tmp_path: Path
-) -> None:
-    require_local_slurm()
-    out = tmp_path / "demo"
-    done = subprocess.run(
-        [sys.executable, "-m", "recovery", "demo", "--steps", "30", "--out", str(out),
-         "--cache", str(control_cache)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+def test_recover_demo_ends_with_the_cost_of_the_failure(demo_run: DemoRun) -> None:
+    done, out = demo_run.done, demo_run.out
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout
     assert "cluster up: nodes node1, node2, node3, node4; spares spare1" in text

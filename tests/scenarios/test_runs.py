@@ -1,7 +1,8 @@
 """Shipped scenarios run for real: a local Slurm cluster (munged, slurmctld, one slurmd per
 node), the coordinator, one agent per node and a JAX training job, each started by the runner
-and stopped afterwards. The default tier runs a few (``recover demo`` covers xid79); the full
-matrix is marked ``slow``.
+and stopped afterwards. The default tier runs a few; the full matrix is marked ``slow``. xid79
+is the session's ``recover demo`` run (tests/plugins/demo_run.py), whose run directory is
+checked here like the others'.
 
 Each runs as a user runs it: ``recover scenario run NAME --json``. Phase budgets are reported,
 not enforced (``--no-budgets``): no timed assertions.
@@ -21,7 +22,9 @@ import pytest
 from recovery import statedir
 from recovery.supervise import agents as agents_proc
 from scenarios.loader import find, shipped
+from scenarios.main import DEMO
 from slurm import procs
+from tests.plugins.demo_run import USES_DEMO, DemoRun
 from tests.slurm.helpers import require_local_slurm
 
 pytestmark = pytest.mark.slurm
@@ -38,7 +41,19 @@ def _matrix() -> list[Any]:
     return [
         pytest.param(n, marks=() if n in DEFAULT_TIER else slow)
         for n in (x.scenario.name for x in shipped())
+        if n != DEMO
     ]
+
+
+@USES_DEMO
+def test_the_demo_is_the_xid79_scenario_and_its_run_directory_is_complete(
+    demo_run: DemoRun,
+) -> None:
+    assert demo_run.done.returncode == 0, demo_run.done.stdout + demo_run.done.stderr
+    _check_run_dir(demo_run.out, DEMO)
+    # The demo's run directory is short, so its cluster ran right there (not in a temp folder).
+    _check_nothing_left(demo_run.out / "cluster")
+    assert (demo_run.out / "cluster" / "slurm" / "log").is_dir()
 
 
 @pytest.mark.parametrize("name", _matrix())
