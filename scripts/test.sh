@@ -14,5 +14,6 @@ workers="${RECOVER_TEST_WORKERS:-2}"
 if [[ "$workers" == 0 ]]; then
   exec .venv/bin/python -m pytest "$@"
 fi
-# loadgroup: tests marked xdist_group("NAME") share one worker (and its session fixtures).
-exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
+# Plain load balancing: what several workers' tests share (the control-run cache, the one
+# demo run) is shared through files, not by pinning tests to a worker.
+exec .venv/bin/python -m pytest -n "$workers" "$@"

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.docs.doc_commands import ROOT
-from tests.plugins.demo_run import USES_DEMO, DemoRun
+from tests.plugins.demo_run import DemoRun
 
 RUNBOOK = ROOT / "docs" / "runbook.md"
 BIN = Path(sys.executable).parent
@@ -97,7 +97,6 @@ def test_sh_blocks_are_found() -> None:
     assert len(scenario_lines) == 1, f"the runbook should run {SCENARIO_LINE!r} once"
 
 
-@USES_DEMO
 def test_runbook_runs_as_written(scratch: Path, demo_run: DemoRun) -> None:
     assert demo_run.done.returncode == 0, "the demo run the runbook reads failed:\n" + (
         demo_run.done.stdout[-3000:] + demo_run.done.stderr[-3000:]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.demo_run import USES_DEMO, DemoRun
+from tests.plugins.demo_run import DemoRun
 
-pytestmark = [pytest.mark.slurm, USES_DEMO]
+pytestmark = pytest.mark.slurm
 
 
 def test_recover_demo_ends_with_the_cost_of_the_failure(demo_run: DemoRun) -> None:

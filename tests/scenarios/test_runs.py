@@ -24,7 +24,7 @@ from recovery.supervise import agents as agents_proc
 from scenarios.loader import find, shipped
 from scenarios.main import DEMO
 from slurm import procs
-from tests.plugins.demo_run import USES_DEMO, DemoRun
+from tests.plugins.demo_run import DemoRun
 from tests.slurm.helpers import require_local_slurm
 
 pytestmark = pytest.mark.slurm
@@ -45,7 +45,6 @@ def _matrix() -> list[Any]:
     ]
 
 
-@USES_DEMO
 def test_the_demo_is_the_xid79_scenario_and_its_run_directory_is_complete(
     demo_run: DemoRun,
 ) -> None:
