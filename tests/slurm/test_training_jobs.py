@@ -76,6 +76,9 @@ def test_usr1_saves_requeues_and_the_job_resumes_bit_exact(
     assert f"job {job_id} saved and stopped on USR1; requeueing" in out  # append mode kept it
 
 
+# Slow tier: the default tier still sees a job requeued off a DOWN node and resumed bit exact,
+# through the coordinator (`recover demo`).
+@pytest.mark.slow
 def test_down_node_training_resumes_and_matches_an_undisturbed_run(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
