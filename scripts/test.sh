@@ -5,7 +5,7 @@
 # Tests run in RECOVER_TEST_WORKERS processes (pytest-xdist; default 3): most real-daemon
 # tests spend their time waiting on Slurm (requeue delays, slurmd timeouts), so on the 2-core
 # machines we run on three at once bring the whole suite to about 11 minutes and
-# -m "not slow" to about 5.5 (one process: about 30 and 15). RECOVER_TEST_WORKERS=0 runs
+# -m "not slow" to about 5.5 (one process took about 19 for the whole suite). RECOVER_TEST_WORKERS=0 runs
 # everything in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
