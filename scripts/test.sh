@@ -5,8 +5,8 @@
 # Tests run in RECOVER_TEST_WORKERS processes (pytest-xdist; default 3): most real-daemon
 # tests spend their time waiting on Slurm (requeue delays, slurmd timeouts), so on the 2-core
 # machines we run on three at once bring the whole suite to about 11 minutes and
-# -m "not slow" to about 5.5 (one process took about 19 for the whole suite). RECOVER_TEST_WORKERS=0 runs
-# everything in this one process.
+# -m "not slow" to about 5.5 (one process took about 19 for the whole suite).
+# RECOVER_TEST_WORKERS=0 runs everything in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian installs slurmctld, slurmd and munged in /usr/sbin, which a non-login PATH may lack;
