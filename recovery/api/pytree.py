@@ -73,8 +73,9 @@ def unflatten(template: Any, arrays: dict[str, np.ndarray]) -> Any:
     """A tree shaped like ``template`` holding ``arrays``.
 
     Template leaves may be arrays, ``jax.ShapeDtypeStruct`` (from ``jax.eval_shape``) or
-    Python numbers. A leaf with a ``sharding`` gets its array placed that way; numpy leaves
-    stay numpy; a Python number comes back as a number of the same type.
+    Python numbers. A leaf with a ``sharding`` gets its array placed that way, a
+    ``ShapeDtypeStruct`` without one goes to the default device; numpy leaves stay numpy; a
+    Python number comes back as a number of the same type.
 
     Raises:
         CheckpointError: the saved leaves do not match the template (names, dtypes, shapes),
@@ -87,8 +88,12 @@ def unflatten(template: Any, arrays: dict[str, np.ndarray]) -> Any:
     paths = [p for p, _ in tree.leaf_paths(template)]
     leaves, treedef = jax.tree_util.tree_flatten(template)
     scalar_types: dict[int, type] = {}
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     for i, (path, leaf) in enumerate(zip(paths, leaves, strict=True)):
-        if isinstance(leaf, _SCALARS) and path in arrays:
+        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
+            # jax.eval_shape's leaves: JAX arrays were asked for, on the default device.
+            leaves[i] = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=default)  # type: ignore[no-untyped-call]
+        elif isinstance(leaf, _SCALARS) and path in arrays:
             saved = arrays[path]
             kind = type(leaf)
             if saved.shape != () or saved.dtype.kind not in _SCALAR_KINDS[kind]:
