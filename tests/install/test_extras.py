@@ -137,11 +137,13 @@ def test_training_extra_trains_and_uses_the_api(part_venv: Path, tmp_path: Path)
         "import jax.numpy as jnp, sys\n"
         "from recovery.api import CheckpointManager\n"
         f"m = CheckpointManager({str(run / 'checkpoints')!r}, read_only=True)\n"
+        "config = m.info(m.latest_step()).run_config\n"  # recover train's configuration
+        f"m = CheckpointManager({str(run / 'checkpoints')!r}, read_only=True, run_config=config)\n"
         "r = m.restore_arrays()\n"
         "assert r.step == 4, r.step\n"
         f"with CheckpointManager({str(tmp_path / 'mine')!r}, async_save=True) as mine:\n"
         "    mine.save(1, {'w': jnp.arange(3.0)})\n"
-        "print('API', mine.restore({'w': jnp.zeros(3)}).state['w'].tolist())\n"
+        "    print('API', mine.restore({'w': jnp.zeros(3)}).state['w'].tolist())\n"
     )
     api = sh(part_venv / "python", "-c", code, env=env, cwd=tmp_path)
     assert api.returncode == 0, api.stderr
