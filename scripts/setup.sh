@@ -3,7 +3,7 @@
 #   ./scripts/setup.sh            install + demo
 #   ./scripts/setup.sh --no-demo  install only (what .ci/run uses)
 # Installs Debian's slurm-wlm and munge (needs root or sudo), creates .venv and installs the
-# project with its test and benchmark extras. Safe to run again: it skips what is done.
+# project with all its extras and the test tools. Safe to run again: it skips what is done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,7 +45,7 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 echo "== installing Python packages into .venv"
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev,bench]'
+.venv/bin/python -m pip install -q -e '.[all,dev]'
 
 # --- Kubernetes tier: build once (about 6 min on 2 cores); cached by version afterwards.
 echo "== kube-apiserver and kubectl for the Kubernetes tests"

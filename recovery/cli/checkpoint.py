@@ -1,4 +1,8 @@
-"""``recover checkpoint ls|verify``."""
+"""``recover checkpoint ls|verify|import-orbax``.
+
+The checkpoint store (numpy, xxhash: the ``training`` extra) is imported inside the commands,
+so that ``recover`` starts where only the agent or the coordinator is installed.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ from typing import Annotated
 
 import typer
 
-from recovery.checkpoint import CheckpointStore
 from recovery.cli.options import AsJson
 from recovery.errors import CheckpointDamaged, NoCheckpointError, UsageError
 
@@ -51,6 +54,8 @@ def ls(
     as_json: AsJson = False,
 ) -> None:
     """List checkpoints, newest first: intact / incomplete / corrupt with the reason."""
+    from recovery.checkpoint import CheckpointStore
+
     statuses = CheckpointStore(_root(directory)).scan(deep=not quick)
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(s) for s in statuses], indent=2))
@@ -73,6 +78,8 @@ def verify(
     ] = None,
 ) -> None:
     """Re-read and hash every file; exit 0 only if every verified step is intact."""
+    from recovery.checkpoint import CheckpointStore
+
     store = CheckpointStore(_root(directory))
     steps = store.steps()
     if not steps:
@@ -93,3 +100,42 @@ def verify(
         )
     if failed:
         raise typer.Exit(3)
+
+
+@app.command("import-orbax")
+def import_orbax(
+    source: Annotated[
+        Path, typer.Argument(help="Orbax CheckpointManager directory or single save.")
+    ],
+    out: Annotated[Path, typer.Option(help="Checkpoint root to write (e.g. RUN_DIR/checkpoints).")],
+    step: Annotated[
+        int | None,
+        typer.Option(help="Manager directory: import only this step. Single save: its step "
+                     "number (default 0)."),
+    ] = None,
+    item: Annotated[
+        str | None, typer.Option(help="Import only this item of a multi-item checkpoint.")
+    ] = None,
+    run_config: Annotated[
+        str, typer.Option(help="Run configuration to store, as JSON (what you restore with).")
+    ] = "{}",
+) -> None:
+    """Turn an Orbax checkpoint into verified checkpoints of ours (needs the orbax extra).
+
+    Orbax itself reads the source; each step is written, then re-read and hashed. Exit 0: all
+    imported and intact; 2: not an Orbax checkpoint, unknown step or item; 3: OUT already
+    holds one of the steps.
+    """
+    from recovery.api.migrate import import_orbax as run_import
+
+    try:
+        config = json.loads(run_config)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--run-config is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise UsageError("--run-config must be a JSON object, e.g. '{\"seed\": 0}'")
+    for done in run_import(source, out, step=step, item=item, run_config=config):
+        typer.echo(
+            f"step {done.step}: imported from {done.source} and verified ({done.leaves} "
+            f"leaves, {_size(done.total_bytes)}, state_digest {done.state_digest})"
+        )

@@ -167,22 +167,38 @@ def test_agent_runs_on_tainted_nodes_with_its_node_name_and_token(
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
 
 
-def test_image_is_overridable(kube_api: KubeApi, tmp_path: Path) -> None:
+def test_images_are_the_containerfile_targets_and_overridable(
+    kube_api: KubeApi, docs: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    def images(rendered: list[dict[str, Any]]) -> dict[str, str]:
+        return {
+            d["kind"]: c["image"]
+            for d in rendered
+            if d["kind"] in ("Deployment", "DaemonSet")
+            for c in d["spec"]["template"]["spec"]["containers"]
+        }
+
+    # Each workload runs the image of its own Containerfile target (its own extra).
+    assert images(docs) == {
+        "DaemonSet": "slurm-k8s-recover-agent:0.1.0",
+        "Deployment": "slurm-k8s-recover-coordinator:0.1.0",
+    }
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     shutil.copytree(DEPLOY, overlay / "base")
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
         "bases": ["base"],  # kustomize v2.0 (kubectl 1.20); later ones take "resources"
-        "images": [{"name": "slurm-k8s-recover", "newName": "registry.example/recover",
-                    "newTag": "v9"}],
+        "images": [
+            {"name": "slurm-k8s-recover-agent", "newName": "registry.example/agent",
+             "newTag": "v9"},
+            {"name": "slurm-k8s-recover-coordinator", "newName": "registry.example/coord",
+             "newTag": "v9"},
+        ],
     }))  # fmt: skip
-    images = {
-        c["image"]
-        for d in render(kube_api, overlay)
-        if d["kind"] in ("Deployment", "DaemonSet")
-        for c in d["spec"]["template"]["spec"]["containers"]
+    assert images(render(kube_api, overlay)) == {
+        "DaemonSet": "registry.example/agent:v9",
+        "Deployment": "registry.example/coord:v9",
     }
-    assert images == {"registry.example/recover:v9"}
 
 
 def _recreate_with_rolling_params(docs: list[dict[str, Any]]) -> str:

@@ -22,6 +22,10 @@ def go(
         raise ClusterError("slurmctld exited during start")
     if fail == "abort":
         raise typer.Abort()
+    if fail == "extra":
+        raise ModuleNotFoundError("No module named 'jax'", name="jax")
+    if fail == "other-module":
+        raise ModuleNotFoundError("No module named 'nothing_of_ours'", name="nothing_of_ours")
     if code:
         raise typer.Exit(code)
     typer.echo("ok")
@@ -62,3 +66,15 @@ def test_a_usage_error_shows_typer_s_usage_and_its_status(
     err = capsys.readouterr().err
     assert "No such option: --no-such-option" in err
     assert "Usage:" in err
+
+
+def test_a_missing_part_names_its_extra(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(app, ["--fail", "extra"], prog="recover") == 2
+    err = capsys.readouterr().err
+    assert "needs the Python package 'jax'" in err
+    assert "pip install 'slurm-k8s-recover[training]'" in err
+
+
+def test_another_missing_module_is_a_bug_and_raises() -> None:
+    with pytest.raises(ModuleNotFoundError):
+        run(app, ["--fail", "other-module"], prog="recover")

@@ -1,0 +1,373 @@
+"""The checkpoint manager of the library API: verified checkpoints of any training state.
+
+A facade over :class:`recovery.checkpoint.CheckpointStore` (the on-disk format and the
+durability protocol of ``docs/checkpoint-format.md``, unchanged) and its background saver,
+with pytrees in and out (:mod:`recovery.api.pytree`) and the ``checkpoint``, ``restored`` and
+``fallback`` events the run report reads (:mod:`recovery.events`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from recovery.api import pytree
+from recovery.checkpoint import (
+    AsyncCheckpointer,
+    CheckpointStore,
+    Loaded,
+    RetentionPolicy,
+    RunLock,
+    SaveResult,
+    StepStatus,
+    commit,
+)
+from recovery.checkpoint import format as fmt
+from recovery.errors import BackgroundSaveError, NoCheckpointError, UsageError
+from recovery.events import EventLog
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A newer checkpoint that failed verification on the way to the one restored."""
+
+    step: int
+    reason: str
+    """Why it failed, e.g. ``leaf params/w digest mismatch``."""
+    moved_to: str | None
+    """Where it was set aside (a ``.damaged-`` name in the checkpoint directory); None for a
+    read-only manager, which leaves it in place."""
+
+
+@dataclass(frozen=True)
+class Restored(Generic[T]):
+    """A state read back from a checkpoint that passed every check."""
+
+    step: int
+    state: T
+    metadata: dict[str, Any]
+    """What was passed as ``metadata`` to :meth:`CheckpointManager.save`."""
+    state_digest: str
+    """Digest of the whole saved state; equal digests mean bit-identical states."""
+    skipped: tuple[Skipped, ...]
+    """Newer checkpoints that failed verification, newest first."""
+    seconds: float
+    """Wall seconds spent reading, verifying and placing the state."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint, as its manifest describes it."""
+
+    step: int
+    created_unix: float
+    """When the save finished, Unix seconds."""
+    metadata: dict[str, Any]
+    run_config: dict[str, Any]
+    state_digest: str
+    total_bytes: int
+    leaves: int
+
+    @classmethod
+    def of(cls, manifest: fmt.Manifest) -> CheckpointInfo:
+        return cls(
+            step=manifest.step,
+            created_unix=manifest.created_unix,
+            metadata=dict(manifest.metadata),
+            run_config=dict(manifest.run_config),
+            state_digest=fmt.state_digest(manifest.leaves),
+            total_bytes=manifest.total_bytes,
+            leaves=len(manifest.leaves),
+        )
+
+
+class CheckpointManager:
+    """Saves and restores a training state under ``directory``, one ``step_N`` per save.
+
+    The first :meth:`save` or :meth:`restore` takes the directory's run lock (one writer per
+    run; a second one gets :class:`RunLockedError`) and removes what interrupted saves left;
+    :meth:`close` (or leaving the ``with`` block) finishes the save in flight and releases it.
+
+    Args:
+        directory: the checkpoint root (created on the first save).
+        run_config: what makes two runs the same run (model, seed, ...): stored in every
+            checkpoint, and a restore refuses a checkpoint saved with another one
+            (:class:`ConfigMismatchError`, listing the differences). Plain JSON.
+        keep_last: keep this many newest checkpoints (None: keep every one).
+        keep_every: also keep each step divisible by this (milestones); None: none.
+        async_save: write in the background; :meth:`save` then returns once the state is
+            copied to host memory. A failed background save is raised by the next call.
+        events: where ``checkpoint``, ``restored`` and ``fallback`` events go (see
+            :func:`recovery.api.open_event_log`); None: nowhere.
+        read_only: never lock, write, or set anything aside (for an evaluation job reading
+            a run that is still training).
+        clock: wall clock in seconds (manifest timestamps and ages).
+        workers: threads that write or read data files in parallel.
+    """
+
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        run_config: Mapping[str, Any] | None = None,
+        keep_last: int | None = 3,
+        keep_every: int | None = None,
+        async_save: bool = True,
+        events: EventLog | None = None,
+        read_only: bool = False,
+        clock: Callable[[], float] = time.time,
+        workers: int = 16,
+    ) -> None:
+        if keep_last is None and keep_every is not None:
+            raise UsageError("keep_every needs keep_last (keep_last=None keeps everything)")
+        retention = None
+        if keep_last is not None:
+            retention = RetentionPolicy(keep_last=keep_last, keep_every=keep_every)
+        self.directory = Path(directory)
+        self.run_config: dict[str, Any] = dict(run_config or {})
+        self.events = events
+        self.read_only = read_only
+        self._async = async_save
+        self._store = CheckpointStore(
+            self.directory, clock=clock, workers=workers, retention=retention
+        )
+        self._saver = AsyncCheckpointer(self._store, on_saved=self._saved)
+        self._lock = RunLock(self.directory)
+        self._locked = False
+        self._blocked: dict[int, float] = {}
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def save(
+        self, step: int, state: Any, *, metadata: Mapping[str, Any] | None = None
+    ) -> SaveResult | None:
+        """Save ``state`` (any pytree of arrays and numbers) as checkpoint ``step``.
+
+        Waits for the previous background save first (at most one in flight). An existing
+        ``step_N`` is replaced only once the new one is durable; then retention deletes what
+        it no longer keeps.
+
+        Returns:
+            The durable save's result when saving synchronously; None when the save runs in
+            the background (:meth:`wait` returns it).
+        Raises:
+            UsageError: read-only manager, negative step, a leaf that is not an array or a
+                number, or ``metadata`` that is not plain JSON.
+            BackgroundSaveError: the previous background save failed (or this one, when
+                synchronous); the cause is chained.
+            RunLockedError: another process writes to this directory.
+        """
+        self._writer()
+        t = time.perf_counter()
+        self._saver.wait()
+        host = pytree.flatten(state, private=self._async)
+        # Checked here, not only on the saving thread: bad input is the caller's error now,
+        # not a BackgroundSaveError at the next call.
+        commit.checked_input(step, host, self.run_config, dict(metadata or {}))
+        self._blocked[step] = time.perf_counter() - t
+        self._saver.save(step, host, run_config=self.run_config, metadata=metadata)
+        return None if self._async else self._saver.wait()
+
+    def wait(self) -> SaveResult | None:
+        """Block until no save is in flight; the newest save's result (None before any).
+
+        Raises:
+            BackgroundSaveError: the background save failed; the cause is chained.
+        """
+        return self._saver.wait()
+
+    def _saved(self, result: SaveResult) -> None:
+        """On the saving thread, once ``result`` is durable."""
+        if self.events is not None:
+            self.events.emit(
+                "checkpoint",
+                step=result.step,
+                checkpoint_step=result.step,
+                state_digest=result.state_digest,
+                bytes=result.total_bytes,
+                save_s=round(result.seconds, 6),
+                blocked_s=round(self._blocked.pop(result.step, 0.0), 6),
+                deleted_steps=list(result.deleted_steps),
+                retention_errors=list(result.retention_errors),
+            )
+
+    # --- restoring ---------------------------------------------------------------------------
+
+    def restore(self, template: T, *, step: int | None = None) -> Restored[T]:
+        """The newest checkpoint that verifies (or exactly ``step``), shaped like ``template``.
+
+        ``template`` is a state of the same structure: a freshly initialised one, or
+        ``jax.eval_shape`` of the initialiser (nothing allocated); each leaf with a sharding
+        gets its array placed that way. Newer checkpoints that fail verification are skipped
+        and reported in :attr:`Restored.skipped` (and set aside unless read-only).
+
+        Raises:
+            NoCheckpointError: there is no checkpoint at all (see :meth:`restore_or_none`).
+            AllCheckpointsDamagedError: every checkpoint failed; each reason is listed.
+            CheckpointDamaged: ``step`` was given and that checkpoint fails verification.
+            ConfigMismatchError: the checkpoint was saved with another ``run_config``.
+            CheckpointError: the saved leaves do not match ``template``.
+        """
+        t = time.perf_counter()
+        loaded, skipped = self._load(step)
+        state = pytree.unflatten(template, loaded.arrays)
+        return self._restored(loaded, state, skipped, t)
+
+    def restore_or_none(self, template: T) -> Restored[T] | None:
+        """:meth:`restore`, or None where the directory holds no checkpoint (a fresh run)."""
+        if not self._store.steps():
+            if not self.read_only:
+                self._writer()
+            return None
+        return self.restore(template)
+
+    def restore_arrays(self, *, step: int | None = None) -> Restored[dict[str, np.ndarray]]:
+        """:meth:`restore` without a template: the flat ``leaf path -> numpy array`` mapping,
+        paths as saved (``opt_state/0/mu/w``). Same errors, less the template's."""
+        t = time.perf_counter()
+        loaded, skipped = self._load(step)
+        return self._restored(loaded, dict(loaded.arrays), skipped, t)
+
+    def _load(self, step: int | None) -> tuple[Loaded, tuple[Skipped, ...]]:
+        if not self.read_only:
+            self._writer()
+        if step is not None:
+            if step not in self._store.steps():
+                raise self._unknown_step(step)
+            return self._store.load(step, run_config=self.run_config), ()
+        result = self._store.restore_latest(run_config=self.run_config)
+        skipped = []
+        for bad, reason in result.fallbacks:
+            moved = None if self.read_only else self._store.set_aside(bad).name
+            skipped.append(Skipped(bad, reason, moved))
+            if self.events is not None:
+                self.events.emit("fallback", step=bad, reason=reason, moved_to=moved)
+        if not self.read_only:
+            # A run killed between a save and its retention left extra steps; trim them now
+            # that the restored step is known to be intact.
+            self._store.apply_retention(newest_durable=result.loaded.step)
+        return result.loaded, tuple(skipped)
+
+    def _restored(
+        self, loaded: Loaded, state: T, skipped: tuple[Skipped, ...], t0: float
+    ) -> Restored[T]:
+        seconds = time.perf_counter() - t0
+        if self.events is not None:
+            self.events.emit(
+                "restored",
+                step=loaded.step,
+                checkpoint_step=loaded.step,
+                data_position=loaded.manifest.metadata.get("data_position", loaded.step),
+                state_digest=loaded.state_digest,
+                bytes=loaded.manifest.total_bytes,
+                restore_s=round(seconds, 6),
+                fallbacks=len(skipped),
+            )
+        return Restored(
+            step=loaded.step,
+            state=state,
+            metadata=dict(loaded.manifest.metadata),
+            state_digest=loaded.state_digest,
+            skipped=skipped,
+            seconds=seconds,
+        )
+
+    # --- listing and checking ----------------------------------------------------------------
+
+    def steps(self) -> list[int]:
+        """Step numbers of the committed checkpoints, ascending (not verified)."""
+        return self._store.steps()
+
+    def latest_step(self) -> int | None:
+        """The newest committed step (not verified), or None."""
+        steps = self._store.steps()
+        return steps[-1] if steps else None
+
+    def status(self, *, deep: bool = True) -> list[StepStatus]:
+        """What ``recover checkpoint ls`` shows: every checkpoint (newest first) and every
+        leftover, ``intact``/``incomplete``/``corrupt`` with the reason. ``deep`` re-reads
+        and hashes every byte; without it only manifests and sizes are checked."""
+        return self._store.scan(deep=deep)
+
+    def info(self, step: int) -> CheckpointInfo:
+        """Checkpoint ``step`` as its manifest describes it; reads no data (fast, and a
+        flipped data byte goes unnoticed: :meth:`verify` reads everything).
+
+        Raises:
+            UsageError: there is no such step (the message lists the steps there are).
+            CheckpointDamaged: its manifest is missing or invalid.
+        """
+        from recovery.checkpoint import verify
+
+        if step not in self._store.steps():
+            raise self._unknown_step(step)
+        return CheckpointInfo.of(verify.read_manifest(self.directory, step))
+
+    def verify(self, step: int) -> CheckpointInfo:
+        """Re-read and hash every byte of checkpoint ``step`` (what ``recover checkpoint
+        verify`` does).
+
+        Raises:
+            UsageError: there is no such step.
+            CheckpointDamaged: the step fails a check; ``reason`` says which.
+        """
+        if step not in self._store.steps():
+            raise self._unknown_step(step)
+        return CheckpointInfo.of(self._store.verify(step))
+
+    def _unknown_step(self, step: int) -> UsageError | NoCheckpointError:
+        steps = self._store.steps()
+        if not steps:
+            return NoCheckpointError(f"{self.directory} holds no checkpoint")
+        known = ", ".join(str(s) for s in steps)
+        return UsageError(f"Unknown step {step} in {self.directory}. Known: {known}")
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    def _writer(self) -> None:
+        """Become the run's one writer (once): take the lock, clear interrupted saves."""
+        if self.read_only:
+            raise UsageError(f"this CheckpointManager of {self.directory} is read-only")
+        if not self._locked:
+            self._lock.acquire()
+            self._locked = True
+            self._store.remove_leftovers()
+
+    def close(self) -> None:
+        """Finish the save in flight, then release the run lock.
+
+        Raises:
+            BackgroundSaveError: that save failed (the lock is released all the same).
+        """
+        try:
+            self._saver.close()
+        finally:
+            if self._locked:
+                self._lock.release()
+                self._locked = False
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except BackgroundSaveError as save_error:
+            # Already failing: keep the first error, with the save's failure attached.
+            exc.add_note(f"also: {save_error}")

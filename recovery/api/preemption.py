@@ -1,0 +1,87 @@
+"""Preemption for user training loops: a signal asks for a save, then exit status 75.
+
+The contract ``recover sbatch`` relies on (``docs/slurm.md``): Slurm sends SIGUSR1 ahead of a
+time limit (``--signal``) and SIGTERM on cancel, preemption or node loss; the process finishes
+its step, saves, and exits with :data:`EXIT_PREEMPTED` (75, EX_TEMPFAIL), which the job
+script answers by requeueing the job. Built on :mod:`recovery.train.preempt`, which
+``recover train`` uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from signal import SIGTERM, Signals
+from typing import Any, NoReturn
+
+from recovery.api.manager import CheckpointManager
+from recovery.train import preempt
+
+#: Exit status after a preemption signal that was handled by saving: "try again".
+EXIT_PREEMPTED = preempt.EXIT_PREEMPTED
+#: The signals that ask for a save and a stop: SIGTERM and SIGUSR1.
+PREEMPT_SIGNALS = preempt.PREEMPT_SIGNALS
+
+
+class Preemption:
+    """Remembers the first SIGTERM/SIGUSR1; the loop checks :attr:`requested` between steps.
+
+    Typical use::
+
+        with manager, Preemption().installed() as preemption:
+            for step in range(start, steps):
+                state = train_step(state, batch(step))
+                if preemption.requested:
+                    preemption.save_and_exit(manager, step + 1, state)
+    """
+
+    def __init__(self) -> None:
+        self._flag = preempt.Preemption()
+
+    @contextmanager
+    def installed(self) -> Iterator[Preemption]:
+        """Handle :data:`PREEMPT_SIGNALS` inside the block; the previous handlers come back
+        afterwards. Only the main thread may install signal handlers (``ValueError``)."""
+        with self._flag.installed():
+            yield self
+
+    @property
+    def requested(self) -> bool:
+        """Whether a preemption signal arrived."""
+        return self._flag.signal is not None
+
+    @property
+    def signal(self) -> int | None:
+        """The first preemption signal received, or None."""
+        return self._flag.signal
+
+    def request(self, signum: int = SIGTERM) -> None:
+        """Act as if ``signum`` had arrived (a scheduler hook, a test, a health check)."""
+        self._flag.handle(signum, None)
+
+    def save_and_exit(
+        self,
+        manager: CheckpointManager,
+        step: int,
+        state: Any,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> NoReturn:
+        """Make ``state`` durable as ``step``, record ``preempted``, exit with status 75.
+
+        Waits for the save in flight; saves ``step`` unless that save was ``step`` already,
+        and waits for it. The ``preempted`` event goes to the manager's event log.
+
+        Raises:
+            SystemExit: with :data:`EXIT_PREEMPTED`, once the checkpoint is durable.
+            BackgroundSaveError: the save failed; the process must not report a clean
+                preemption then (the scheduler's requeue would resume an older step).
+        """
+        last = manager.wait()
+        if last is None or last.step != step:
+            manager.save(step, state, metadata=metadata)
+            manager.wait()
+        name = Signals(self._flag.signal or SIGTERM).name
+        if manager.events is not None:
+            manager.events.emit("preempted", step=step, checkpoint_step=step, signal=name)
+        raise SystemExit(EXIT_PREEMPTED)
