@@ -41,7 +41,8 @@ def test_a_built_cache_builds_nothing(tmp_path: Path) -> None:
     prefix = fake_build(tmp_path)
     done = build_script({"SLURM_CACHE": str(tmp_path), "SLURM_SOURCE": "/nonexistent.tar.xz"})
     assert done.returncode == 0, done.stderr
-    assert f"cached: {prefix}" in done.stdout and "nothing to build" in done.stdout
+    assert f"cached: {prefix}" in done.stdout
+    assert "nothing to build" in done.stdout
     printed = build_script({"SLURM_CACHE": str(tmp_path)}, "--print")
     assert printed.stdout.strip() == str(prefix)
 
@@ -49,10 +50,14 @@ def test_a_built_cache_builds_nothing(tmp_path: Path) -> None:
 def test_no_source_is_one_line_and_exit_3(tmp_path: Path) -> None:
     done = build_script({"SLURM_CACHE": str(tmp_path), "SLURM_SOURCE": str(tmp_path / "no.tar.xz")})
     assert done.returncode == 3
-    assert done.stderr.count("\n") == 1 and "SLURM_SOURCE" in done.stderr
+    assert done.stderr.count("\n") == 1
+    assert "SLURM_SOURCE" in done.stderr
     # Nothing is downloaded from a port where nothing listens either: same answer.
-    url = build_script({"SLURM_CACHE": str(tmp_path), "SLURM_SOURCE": "http://127.0.0.1:9/s.tar.bz2"})
-    assert url.returncode == 3 and url.stderr.count("\n") == 1, url.stderr
+    url = build_script(
+        {"SLURM_CACHE": str(tmp_path), "SLURM_SOURCE": "http://127.0.0.1:9/s.tar.bz2"}
+    )
+    assert url.returncode == 3
+    assert url.stderr.count("\n") == 1, url.stderr
     assert not (tmp_path / install.BUILD_VERSION).exists()
 
 
@@ -66,13 +71,15 @@ def test_a_wrong_checksum_leaves_no_half_cache(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     done = build_script({"SLURM_CACHE": str(cache), "SLURM_SOURCE": str(tarball)})
     assert done.returncode == 1
-    assert "is not Slurm 25.11.7's release" in done.stderr and "SLURM_SHA256" in done.stderr
+    assert "is not Slurm 25.11.7's release" in done.stderr
+    assert "SLURM_SHA256" in done.stderr
     assert sorted(p.name for p in cache.iterdir()) == [".lock"]  # no build folder, no prefix
 
 
 def test_an_unknown_option_names_the_valid_ones() -> None:
     done = build_script({}, "--bogus")
-    assert done.returncode == 2 and "valid: --print" in done.stderr
+    assert done.returncode == 2
+    assert "valid: --print" in done.stderr
 
 
 # --- choosing an install --------------------------------------------------------------------
@@ -81,7 +88,7 @@ def test_an_unknown_option_names_the_valid_ones() -> None:
 def test_auto_is_the_build_when_there_is_one(tmp_path: Path) -> None:
     env = {"SLURM_CACHE": str(tmp_path)}
     assert install.choose("auto", env) == install.SYSTEM
-    with pytest.raises(SlurmNotInstalledError, match="build-slurm.sh"):
+    with pytest.raises(SlurmNotInstalledError, match=r"build-slurm\.sh"):
         install.choose("25.11", env)
     prefix = fake_build(tmp_path)
     assert install.choose(None, env) == install.SlurmInstall("25.11", prefix)
