@@ -46,7 +46,9 @@ MAY_SKIP_IN_CI = ("gpu", "tpu")
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
     if not (report.skipped and os.environ.get("CI")) or hasattr(report, "wasxfail"):

@@ -35,6 +35,14 @@ from slurm.cluster import ClusterInfo, LocalCluster
 from slurm.rest_slurm import RestSlurm, connect
 from tests.slurm.helpers import SLURMD_TIMEOUT_S, expect_unsupported, require_local_slurm, wait_for
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Every local cluster the suite starts through `recover cluster up`, the scenario runner
+    # or `recover demo` (auto: 25.11 where it is built) runs on Debian's 22.05 unless
+    # RECOVER_SLURM says otherwise: the 25.11 tier starts its own clusters by name and stays
+    # a few minutes long.
+    os.environ.setdefault("RECOVER_SLURM", "22.05")
+
+
 #: The SlurmControl backends every contract test runs against: on Debian's 22.05, and
 #: (``@25.11``) on the 25.11 build.
 BACKENDS = ("cli", "rest", "cli@25.11", "rest@25.11", "pyslurm@25.11")
