@@ -35,6 +35,7 @@ from slurm.cluster import ClusterInfo, LocalCluster
 from slurm.rest_slurm import RestSlurm, connect
 from tests.slurm.helpers import SLURMD_TIMEOUT_S, expect_unsupported, require_local_slurm, wait_for
 
+
 def pytest_configure(config: pytest.Config) -> None:
     # Every local cluster the suite starts through `recover cluster up`, the scenario runner
     # or `recover demo` (auto: 25.11 where it is built) runs on Debian's 22.05 unless
