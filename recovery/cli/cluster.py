@@ -96,6 +96,7 @@ def up(
     info, endpoint, restd = got.info, got.coordinator, got.restd
     verb = "started" if info.started else "already running"
     typer.echo(f"cluster {verb}: nodes {', '.join(info.nodes)}; spares {', '.join(info.spares)}")
+    typer.echo(f"slurm: {_describe(info.conf_path)}")
     if endpoint is not None:
         typer.echo(
             f"coordinator at {endpoint.url} (state in {endpoint.state_dir}; "
@@ -110,6 +111,12 @@ def up(
             f"unix:{restd.socket} (local auth, acts as nobody)"
         )
     typer.echo(_env_lines(info.conf_path))
+
+
+def _describe(conf: Path) -> str:
+    from slurm import install
+
+    return (install.of_conf(conf) or install.SYSTEM).describe()
 
 
 def _env_lines(conf: Path) -> str:
