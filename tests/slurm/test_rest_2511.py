@@ -55,7 +55,7 @@ def test_it_speaks_v0_0_44_and_refuses_requeue_naming_what_works(
     job = training_job(["sleep", "600"], workdir=str(job_dir), expedite=True)
     job_id = ctl.submit(job)
     wait_for(lambda: running(ctl, job_id), 30, "the job running")
-    with pytest.raises(SlurmUnsupportedError, match="set its node DOWN.*USR1"):
+    with pytest.raises(SlurmUnsupportedError, match=r"set its node DOWN.*USR1"):
         ctl.requeue(job_id)
 
 
