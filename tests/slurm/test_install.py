@@ -124,3 +124,20 @@ def test_the_epilog_wrapper_puts_the_install_first_on_path(tmp_path: Path) -> No
     text = render_epilog(built, ["/usr/bin/python3", "-I", "/a b/epilog.py"])
     assert f"PATH={tmp_path}/bin:{tmp_path}/sbin:/usr/local/bin:/usr/bin:/bin\n" in text
     assert text.endswith("exec /usr/bin/python3 -I '/a b/epilog.py'\n")
+
+
+def test_cluster_env_puts_a_builds_programs_first_on_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from recovery.cli import main
+
+    prefix = fake_build(tmp_path / "cache")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "cluster.json").write_text("{}")
+    (state / "slurm.conf").write_text(install.SlurmInstall("25.11", prefix).conf_line() + "\n")
+    assert main(["cluster", "env", "--state-dir", str(state)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"export SLURM_CONF={state}/slurm.conf",
+        f'export PATH={prefix}/bin:{prefix}/sbin:"$PATH"',
+    ]
