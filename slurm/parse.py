@@ -188,16 +188,19 @@ def parse_nodes(text: str, what: str = "sinfo --json") -> list[NodeInfo]:
             raise SlurmError(f"{what} node without a name: {sorted(raw)[:10]}")
         state, flags = split_state(raw.get("state", "UNKNOWN"), raw.get("state_flags"))
         parts = raw.get("partitions") or []
+        # Slurm 25.11 keeps a resumed node's last reason; a reason means something only while
+        # the node is out of service (22.05 clears it on resume).
+        out = state == "DOWN" or "DRAIN" in flags
         seen[name] = NodeInfo(
             name=name,
             state=state,
             flags=flags,
-            reason=str(raw.get("reason") or ""),
-            reason_set_by=str(raw.get("reason_set_by_user") or ""),
+            reason=str(raw.get("reason") or "") if out else "",
+            reason_set_by=str(raw.get("reason_set_by_user") or "") if out else "",
             cpus=number(raw.get("cpus"), 0) or 0,
             partitions=tuple(str(p) for p in parts) if isinstance(parts, list) else (),
             features=_features(raw.get("active_features") or raw.get("features")),
-            reason_changed_at=float(number(raw.get("reason_changed_at"), 0) or 0),
+            reason_changed_at=float(number(raw.get("reason_changed_at"), 0) or 0) if out else 0.0,
         )
     return [seen[n] for n in sorted(seen)]
 

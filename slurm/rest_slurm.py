@@ -248,7 +248,7 @@ class RestSlurm(SlurmBase):
             doc = self._http.get("/openapi/v3", headers=self._headers(self._token())).text
         except httpx.HTTPError as e:
             raise SlurmUnavailableError(
-                f"slurmrestd at {self.where}: its /openapi/v3 could not be read "
+                f"slurmrestd unreachable at {self.where}: its /openapi/v3 could not be read "
                 f"({type(e).__name__}: {e})"
             ) from e
         return rest_parse.offered_versions(doc)
