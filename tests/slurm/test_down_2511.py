@@ -53,9 +53,13 @@ def stepds_of(state_dir: Path) -> list[int]:
     return found
 
 
-def test_down_stops_every_step_of_a_two_node_job(tmp_path: Path) -> None:
+def test_down_stops_every_step_of_a_two_node_job(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     require_local_slurm()
     built = require_2511()
+    # Not tmp_path: its folder is named after this test, too deep for slurmstepd's sockets.
+    tmp_path = tmp_path_factory.mktemp("down2511")
     state = tmp_path / "slurm"
     cluster = LocalCluster(state, slurmd_timeout_s=SLURMD_TIMEOUT_S, install=built)
     info = cluster.up(nodes=2, spares=0)
