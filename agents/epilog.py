@@ -13,7 +13,9 @@ What it does, in order:
 1. The job exited 0 (``SLURM_JOB_EXIT_CODE``): pass at once; nothing needs requeueing.
 2. Ask the coordinator for open incidents (``GET /v1/incidents?open=true`` with this node's
    agent token), again for up to ``--wait`` seconds (default 2): the agent's report may still
-   be on its way when training's death ends the script.
+   be on its way when training's death ends the script. The wait ends as soon as an incident
+   is open on any node of the job (``SLURM_JOB_NODELIST``): on a multi-node job the other
+   nodes' Epilogs then pass at once instead of holding the requeue up for the whole wait.
 3. An open incident on this node: drain the node with our reason (``scontrol update
    ... State=DRAIN Reason="recover: ..."``) and exit 1. Draining first matters: Slurm drains a
    node whose Epilog failed with reason "Epilog error", which would read as someone else's mark;
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -81,9 +84,29 @@ def locate(args: argparse.Namespace, node: str) -> tuple[str, str]:
     return args.coordinator, read_token(Path(args.token_file), node)
 
 
-def open_incidents(url: str, token: str, node: str, timeout_s: float) -> list[dict[str, Any]]:
-    """The coordinator's open incidents on ``node``. Raises OSError (urllib's errors are
-    OSErrors) when it cannot be reached or refuses."""
+def expand_hostlist(text: str) -> set[str]:
+    """Node names of a Slurm hostlist such as ``node[1-3,5],spare1`` (zero padding kept);
+    what cannot be read is taken as one name."""
+    names: set[str] = set()
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
+        if m is None:
+            names.add(item)
+            continue
+        head, body, tail = m.groups()
+        for part in body.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                names.add(item)
+                break
+            width = len(lo) if lo.startswith("0") else 0
+            names.update(f"{head}{i:0{width}d}{tail}" for i in range(int(lo), int(hi or lo) + 1))
+    return names
+
+
+def open_incidents(url: str, token: str, timeout_s: float) -> list[dict[str, Any]]:
+    """The coordinator's open incidents. Raises OSError (urllib's errors are OSErrors) when it
+    cannot be reached or refuses."""
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"not an http(s) URL: {url!r}")
     req = urllib.request.Request(  # noqa: S310 - http(s) only, checked above
@@ -92,7 +115,7 @@ def open_incidents(url: str, token: str, node: str, timeout_s: float) -> list[di
     )
     with urllib.request.urlopen(req, timeout=timeout_s) as reply:  # noqa: S310
         doc = json.loads(reply.read())
-    return [i for i in doc if isinstance(i, dict) and i.get("node") == node]
+    return [i for i in doc if isinstance(i, dict)]
 
 
 def drain(node: str, reason: str, timeout_s: float) -> bool:
@@ -130,15 +153,19 @@ def decide(args: argparse.Namespace, env: dict[str, str]) -> int:
     except (OSError, ValueError, KeyError) as e:
         log(f"job {job}: no coordinator to ask ({e}); passing")
         return PASS
+    job_nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", "")) | {node}
     deadline = time.monotonic() + args.wait
     while True:
         try:
-            found = open_incidents(url, token, node, args.timeout)
+            incidents = open_incidents(url, token, args.timeout)
         except (OSError, ValueError) as e:
             log(f"job {job}: coordinator at {url} not reached ({e}); passing")
             return PASS
+        found = [i for i in incidents if i.get("node") == node]
         if found or time.monotonic() >= deadline:
             break
+        if any(i.get("node") in job_nodes for i in incidents):
+            return PASS  # the job's faulted node is another one; its Epilog fails
         time.sleep(0.1)
     if not found:
         return PASS

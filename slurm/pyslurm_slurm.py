@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import importlib.util
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -57,11 +58,11 @@ def unavailable(env: Mapping[str, str] | None = None) -> str | None:
     built = install.build(env)
     if built is None:
         return f"Slurm 25.11 is not built; {install.BUILD_HINT}"
-    try:
-        _load(built)
-    except ImportError as e:
+    # Not imported here: libslurm reads SLURM_CONF when pyslurm is imported, and exits the
+    # process when there is none (see _bind).
+    if importlib.util.find_spec("pyslurm") is None:
         return (
-            f"pyslurm is not installed ({e}); build it against Slurm 25.11 with "
+            "pyslurm is not installed; build it against Slurm 25.11 with "
             f"SLURM_INCLUDE_DIR={built.prefix}/include SLURM_LIB_DIR={built.prefix}/lib "
             "pip install pyslurm==25.11.2 (./scripts/setup.sh does)"
         )
@@ -101,7 +102,8 @@ def _bind(conf: Path) -> ModuleType:
             "per process (use the CLI backend for a second cluster)"
         )
     if _bound is None:
-        # libslurm reads SLURM_CONF when first used; every pyslurm call below uses this one.
+        # libslurm reads SLURM_CONF when pyslurm is imported (and dies without one); every
+        # pyslurm call of this process uses it.
         os.environ["SLURM_CONF"] = str(conf)
         _bound = conf
     built = install.build()

@@ -64,7 +64,9 @@ def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
     c.server.server_close()
 
 
-def run_epilog(tmp_path: Path, exit_code: str, *args: str) -> tuple[int, str, list[str]]:
+def run_epilog(
+    tmp_path: Path, exit_code: str, *args: str, nodelist: str = "n1"
+) -> tuple[int, str, list[str]]:
     """Run the Epilog as slurmd would (no PATH of ours: a recording scontrol only); returns
     its status, its log and the scontrol calls."""
     bindir = tmp_path / "bin"
@@ -77,6 +79,7 @@ def run_epilog(tmp_path: Path, exit_code: str, *args: str) -> tuple[int, str, li
         "SLURMD_NODENAME": "n1",
         "SLURM_JOB_ID": "42",
         "SLURM_JOB_EXIT_CODE": exit_code,
+        "SLURM_JOB_NODELIST": nodelist,
         "SLURM_CONF": "/nonexistent/slurm.conf",
     }
     done = subprocess.run(
@@ -127,6 +130,26 @@ def test_no_incident_on_this_node_passes_after_the_wait(
     assert (rc, calls) == (0, [])
     assert len(coordinator.asked) >= 2  # asked again while waiting for a report on its way
     assert all(p == "/v1/incidents?open=true" for p in coordinator.asked)
+
+
+def test_another_faulted_node_of_the_job_ends_the_wait_at_once(
+    tmp_path: Path, coordinator: Coordinator
+) -> None:
+    coordinator.incidents = [incident("n2")]
+    args = ["--coordinator-dir", str(tmp_path / "coordinator"), "--wait", "30"]
+    rc, _, calls = run_epilog(tmp_path, "256", *args, nodelist="n[1-2]")
+    assert (rc, calls) == (0, [])
+    assert len(coordinator.asked) == 1  # no wait: n2's own Epilog is the one that fails
+
+
+def test_hostlists_expand_with_the_standard_library_alone() -> None:
+    assert agents.epilog.expand_hostlist("node[1-3,05],spare1") == {
+        "node1",
+        "node2",
+        "node3",
+        "node05",
+        "spare1",
+    }
 
 
 def test_no_coordinator_passes(tmp_path: Path) -> None:
