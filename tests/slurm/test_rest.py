@@ -95,7 +95,8 @@ def test_an_expired_token_is_a_verdict(
 def test_a_plugin_version_the_daemon_lacks_names_those_it_has(
     rest: RestSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(rest_slurm, "API", "/slurm/v0.0.99")
+    rest.negotiate()
+    monkeypatch.setattr(rest, "_version", "v0.0.99")
     with pytest.raises(SlurmUnsupportedError, match=r"it offers v0\.0\.38 \(from /openapi/v3\)"):
         rest.nodes()
 
