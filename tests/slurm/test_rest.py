@@ -14,7 +14,6 @@ import pytest
 
 from recovery.errors import SlurmRefusedError, SlurmUnavailableError, SlurmUnsupportedError
 from recovery.ports.slurm import BatchJob
-from slurm import rest_slurm
 from slurm.cli_slurm import CliSlurm
 from slurm.rest_parse import token_expiry
 from slurm.rest_slurm import RestSlurm
