@@ -66,7 +66,8 @@ else
   # pyslurm (--slurm-backend pyslurm) compiles against that build: PyPI has only releases
   # for Slurm 25.11, and no wheel, so pip builds the sdist (about 3 min on 2 cores).
   slurm_prefix=$(./scripts/build-slurm.sh --print)
-  if ! .venv/bin/python -c 'import pyslurm' 2>/dev/null; then
+  # Asked of pip, not by importing it: libslurm exits the process without a SLURM_CONF.
+  if ! .venv/bin/python -m pip show -q pyslurm >/dev/null 2>&1; then
     echo "== building pyslurm against $slurm_prefix"
     SLURM_INCLUDE_DIR="$slurm_prefix/include" SLURM_LIB_DIR="$slurm_prefix/lib" \
       .venv/bin/python -m pip install -q "pyslurm==${PYSLURM_VERSION:-25.11.2}"
