@@ -1,8 +1,14 @@
 """``RestSlurm``: the :class:`recovery.ports.slurm.SlurmControl` port over slurmrestd.
 
 For a coordinator that cannot reach a munge socket (a pod in a Slurm-on-Kubernetes cluster).
-It speaks OpenAPI ``v0.0.38``, the newest plugin of Slurm 22.05 (Debian 12's slurmrestd also
-loads v0.0.36/v0.0.37, with no more requests, and the slurmdbd ones, which need slurmdbd).
+It speaks the newest of two OpenAPI versions the daemon offers (asked of its ``/openapi/v3``
+on first use): ``v0.0.44``, Slurm 25.11's newest data parser, or ``v0.0.38``, the newest
+plugin of Slurm 22.05 (Debian 12's slurmrestd also loads v0.0.36/v0.0.37, with no more
+requests, and the slurmdbd ones, which need slurmdbd). Most of what follows is about 22.05;
+on v0.0.44 node DOWN/DRAIN/RESUME work (``POST nodes``, ``POST node/{name}``), signals reach
+the batch shell only (``flags=BATCH_JOB``), submission takes typed fields
+(``slurm.rest_job44``, ``--signal=B:`` and ``--requeue=expedite`` included), and only requeue
+is still refused (no version has such a request; the refusal names what works instead).
 Two ways in, as slurmrestd offers them:
 
 * ``url`` (``http://host:port``) with a JWT: each request carries ``X-SLURM-USER-NAME`` and
