@@ -17,7 +17,8 @@ What it does, in order:
    is open on any node of the job (``SLURM_JOB_NODELIST``): on a multi-node job the other
    nodes' Epilogs then pass at once instead of holding the requeue up for the whole wait.
 3. An open incident on this node: drain the node with our reason (``scontrol update
-   ... State=DRAIN Reason="recover: ..."``) and exit 1. Draining first matters: Slurm drains a
+   ... State=DRAIN Reason="recover: ..."``), unless it is out of service with our reason
+   already (the coordinator's, which says more), and exit 1. Draining first matters: Slurm drains a
    node whose Epilog failed with reason "Epilog error", which would read as someone else's mark;
    it keeps a reason already there, so the node stays ours to return to service.
 4. No open incident, or the coordinator cannot be reached, or anything else goes wrong:
@@ -118,6 +119,19 @@ def open_incidents(url: str, token: str, timeout_s: float) -> list[dict[str, Any
     return [i for i in doc if isinstance(i, dict)]
 
 
+def held_by_us(node: str, timeout_s: float) -> bool:
+    """Whether ``node`` is already out of service (DOWN or DRAIN) with our reason: the
+    coordinator usually took it out first, and its reason says more than ours would."""
+    argv = ["scontrol", "--oneliner", "show", "node", node]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    state = re.search(r"\bState=(\S+)", done.stdout)
+    out = state is not None and bool(re.search(r"DOWN|DRAIN", state.group(1)))
+    return out and f"Reason={OWNER_PREFIX}" in done.stdout
+
+
 def drain(node: str, reason: str, timeout_s: float) -> bool:
     """Drain ``node`` with ``reason`` (ours); False when scontrol failed (logged)."""
     argv = ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
@@ -171,7 +185,8 @@ def decide(args: argparse.Namespace, env: dict[str, str]) -> int:
         return PASS
     inc = found[0]
     reason = f"{OWNER_PREFIX} {inc.get('fault', 'fault')} (incident {inc.get('id', '?')}, epilog)"
-    drain(node, reason, args.timeout)
+    if not held_by_us(node, args.timeout):
+        drain(node, reason, args.timeout)
     log(f"job {job}: node {node} has open incident {inc.get('id')} ({inc.get('fault')}); failing")
     return FAIL
 

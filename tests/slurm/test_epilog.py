@@ -65,14 +65,18 @@ def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
 
 
 def run_epilog(
-    tmp_path: Path, exit_code: str, *args: str, nodelist: str = "n1"
+    tmp_path: Path, exit_code: str, *args: str, nodelist: str = "n1", shows: str = "IDLE"
 ) -> tuple[int, str, list[str]]:
     """Run the Epilog as slurmd would (no PATH of ours: a recording scontrol only); returns
     its status, its log and the scontrol calls."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     calls = tmp_path / "scontrol.calls"
-    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    # Records every call; `show node` answers with the state in $NODE_SHOWS (default: idle).
+    (bindir / "scontrol").write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n'
+        'if [ "$2" = show ]; then echo "NodeName=n1 State=${NODE_SHOWS:-IDLE} Reason="; fi\n'
+    )
     (bindir / "scontrol").chmod(0o755)
     env = {
         "PATH": f"{bindir}:/usr/bin:/bin",
@@ -80,6 +84,7 @@ def run_epilog(
         "SLURM_JOB_ID": "42",
         "SLURM_JOB_EXIT_CODE": exit_code,
         "SLURM_JOB_NODELIST": nodelist,
+        "NODE_SHOWS": shows,
         "SLURM_CONF": "/nonexistent/slurm.conf",
     }
     done = subprocess.run(
@@ -104,8 +109,21 @@ def test_a_failed_job_on_a_faulted_node_fails_the_epilog_and_drains_it_as_ours(
     assert rc == 1, log
     assert "open incident inc-7 (xid79); failing" in log
     assert calls == [
-        "update NodeName=n1 State=DRAIN Reason=recover: xid79 (incident inc-7, epilog)"
+        "--oneliner show node n1",
+        "update NodeName=n1 State=DRAIN Reason=recover: xid79 (incident inc-7, epilog)",
     ]
+
+
+def test_a_node_the_coordinator_took_out_keeps_its_reason(
+    tmp_path: Path, coordinator: Coordinator
+) -> None:
+    coordinator.incidents = [incident("n1")]
+    shows = "DOWN Reason=recover: xid79 GPU has fallen off the bus"
+    rc, _, calls = run_epilog(
+        tmp_path, "34304", "--coordinator-dir", str(tmp_path / "coordinator"), shows=shows
+    )
+    assert rc == 1  # still fails: Slurm requeues the job (if the DOWN did not already)
+    assert calls == ["--oneliner show node n1"]
 
 
 def test_a_job_that_ended_well_passes_without_asking(
