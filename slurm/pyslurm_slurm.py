@@ -29,7 +29,6 @@ SlurmUnavailableError (transient), the rest SlurmRefusedError. The rules around 
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import importlib.util
 import os
@@ -69,15 +68,11 @@ def unavailable(env: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
-def _load(built: install.SlurmInstall) -> ModuleType:
-    """Import pyslurm, loading the build's libslurm first: pyslurm's extension names it
-    without a path, and the loader looks at LD_LIBRARY_PATH only when the process starts."""
+def _load() -> ModuleType:
+    """Import pyslurm (its extension finds the build's libslurmfull through the run path its
+    build recorded)."""
     global _module
     if _module is None:
-        assert built.prefix is not None
-        lib = built.prefix / "lib" / "libslurm.so"
-        if lib.exists():
-            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
         # Imported by name: pyslurm ships no type information, and its absence is a reason
         # this backend reports (unavailable()), not an error at import time.
         _module = importlib.import_module("pyslurm")
@@ -106,9 +101,7 @@ def _bind(conf: Path) -> ModuleType:
         # pyslurm call of this process uses it.
         os.environ["SLURM_CONF"] = str(conf)
         _bound = conf
-    built = install.build()
-    assert built is not None
-    return _load(built)
+    return _load()
 
 
 class PySlurm(CliSlurm):
@@ -156,7 +149,7 @@ class PySlurm(CliSlurm):
     def _request_update(self, nodes: Sequence[str], state: str, reason: str) -> None:
         ps = self._ps
         # One update RPC for the whole group (pyslurm joins the names into a hostlist).
-        group = ps.Nodes([ps.Node(n) for n in nodes])
+        group = ps.Nodes(list(nodes))
         self._call(
             f"{state} {','.join(nodes)}", lambda: group.modify(ps.Node(state=state, reason=reason))
         )
@@ -168,9 +161,9 @@ class PySlurm(CliSlurm):
     def _request_signal(self, job_id: str, signal: str) -> None:
         # The batch shell only, as `scancel --batch`: the wrapper forwards it to training.
         job = self._ps.Job(int(job_id))
-        self._call(
-            f"signal {signal} to job {job_id}", lambda: job.send_signal(signal, steps="batch")
-        )
+        # pyslurm takes a number or a full name (SIGUSR1), not Slurm's short one (USR1).
+        sig: int | str = int(signal) if signal.isdigit() else f"SIG{signal.removeprefix('SIG')}"
+        self._call(f"signal {signal} to job {job_id}", lambda: job.send_signal(sig, steps="batch"))
 
     def _request_requeue(self, job_id: str) -> None:
         job = self._ps.Job(int(job_id))
@@ -206,7 +199,7 @@ def _node(n: Any) -> NodeInfo:
 def _job(j: Any) -> JobInfo:
     # pyslurm's state is Slurm's job_state_string: a flag's name when one is set.
     state, flags = job_state_word(str(j.state or ""))
-    nodes = j.nodes or ""
+    nodes = j.allocated_nodes or ""
     return JobInfo(
         job_id=str(j.id),
         name=str(j.name or ""),
