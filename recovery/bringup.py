@@ -12,6 +12,7 @@ the agents' files. Adapters are imported inside the functions, as in :mod:`recov
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,9 @@ class LocalSpec:
     """One agent per node (spares too); implies ``coordinator``."""
     policy: Path | None = None
     """The coordinator's policy file; None: the built-in policy."""
+    slurm: str | None = None
+    """Which Slurm (``auto``, ``25.11``, ``22.05``; None: ``$RECOVER_SLURM``, else ``auto``:
+    25.11 when built). On 25.11 the cluster allows expedited requeue and runs our Epilog."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,8 @@ class LocalUp:
             local = wiring.SlurmAccess(
                 "rest", self.restd.url, str(self.restd.token_file), self.restd.user
             )
+        if backend == "pyslurm":
+            local = wiring.SlurmAccess("pyslurm")
         own = {k: v for k, v in env.items() if k not in wiring.ACCESS_ENV}
         return wiring.slurm_control(str(self.info.conf_path), self.state, own, local)
 
@@ -114,16 +120,25 @@ def up(state: Path, spec: LocalSpec, *, log: Callable[[str], None] = _quiet) -> 
     its log). A part that fails stops itself; the parts started before it keep running
     (:func:`down` stops them).
     """
+    from slurm import install
     from slurm.cluster import LocalCluster
 
+    inst = install.choose(spec.slurm)
+    expedite = inst.series >= (25, 11)
     cluster = LocalCluster(
         state,
         slurmd_timeout_s=spec.slurmd_timeout_s,
         cred_expire_s=spec.cred_expire_s,
         jwt=spec.rest,
+        install=inst,
+        expedite=expedite,
+        epilog=epilog_command(coordinator_dir(state)) if expedite else None,
     )
     info = cluster.up(nodes=spec.nodes, spares=spec.spares)
-    log(f"cluster up: nodes {', '.join(info.nodes)}; spares {', '.join(info.spares) or 'none'}")
+    log(
+        f"cluster up on {inst.describe()}: nodes {', '.join(info.nodes)}; "
+        f"spares {', '.join(info.spares) or 'none'}"
+    )
     restd = None
     if spec.rest:
         restd = cluster.start_rest()
@@ -149,6 +164,18 @@ def down(state: Path) -> list[str]:
     if stop_coordinator(state):
         stopped.append("coordinator")
     return stopped + LocalCluster(state).down()
+
+
+def epilog_command(coordinator: Path) -> list[str]:
+    """The Epilog slurmd runs after each job (``agents/epilog.py``, standard library only):
+    it fails while the node has an open incident in the coordinator recorded in
+    ``coordinator`` (its state dir), which makes Slurm requeue an expedited job at once.
+    Run with the system's python3 (``-I``: nothing from this virtualenv), as on a node where
+    the toolkit is not installed."""
+    from agents import epilog
+
+    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+    return [python, "-I", epilog.__file__, "--coordinator-dir", str(coordinator)]
 
 
 def coordinator_dir(cluster_state: Path) -> Path:

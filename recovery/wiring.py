@@ -45,14 +45,16 @@ def slurm_conf(explicit: str | None, state: Path | None, env: Mapping[str, str])
     return resolve_conf(explicit or env.get("SLURM_CONF") or None, state_dir(state, env))
 
 
-#: The SlurmControl backends (``--slurm-backend``): Slurm's commands, or slurmrestd.
-SLURM_BACKENDS = ("cli", "rest")
+#: The SlurmControl backends (``--slurm-backend``): Slurm's commands, slurmrestd, or
+#: pyslurm (Slurm 25.11's C API in this process).
+SLURM_BACKENDS = ("cli", "rest", "pyslurm")
 #: The environment variables :class:`SlurmAccess` falls back on.
 ACCESS_ENV = (
     "RECOVER_SLURM_BACKEND",
     "RECOVER_SLURMRESTD",
     "RECOVER_SLURM_JWT_FILE",
     "RECOVER_SLURM_USER",
+    "RECOVER_SLURM",
 )
 
 
@@ -71,16 +73,20 @@ class SlurmAccess:
     slurmrestd, or by the CLI backend as ``SLURM_JWT`` (no munge socket needed)."""
     user: str | None = None
     """The user the JWT was made for, sent to slurmrestd (``$RECOVER_SLURM_USER``)."""
+    slurm: str | None = None
+    """Which Slurm a local cluster started for the caller runs (``auto``, ``25.11``,
+    ``22.05``; ``$RECOVER_SLURM``; default ``auto``, see :mod:`slurm.install`)."""
 
     def resolved(self, env: Mapping[str, str]) -> SlurmAccess:
         """Every unset field taken from ``env``; the backend checked. Raises UsageError
         naming the valid backends for an unknown one."""
-        backend, restd, jwt_file, user = (env.get(name) or None for name in ACCESS_ENV)
+        backend, restd, jwt_file, user, slurm = (env.get(name) or None for name in ACCESS_ENV)
         out = SlurmAccess(
             backend=self.backend or backend or "cli",
             restd=self.restd or restd,
             jwt_file=self.jwt_file or jwt_file,
             user=self.user or user,
+            slurm=self.slurm or slurm,
         )
         if out.backend not in SLURM_BACKENDS:
             raise unknown_choice("Slurm backend", out.backend, SLURM_BACKENDS)
@@ -101,9 +107,14 @@ def slurm_control(
     got = (access or SlurmAccess()).resolved(env)
     if got.backend == "rest":
         return rest_control(got, state, env)
+    conf = slurm_conf(explicit, state, env)
+    if got.backend == "pyslurm":
+        from slurm.pyslurm_slurm import PySlurm
+
+        return PySlurm(conf, env=env)
     from slurm.cli_slurm import CliSlurm
 
-    return CliSlurm(slurm_conf(explicit, state, env), env=env, jwt_file=got.jwt_file)
+    return CliSlurm(conf, env=env, jwt_file=got.jwt_file)
 
 
 def rest_control(access: SlurmAccess, state: Path | None, env: Mapping[str, str]) -> SlurmControl:
@@ -113,10 +124,12 @@ def rest_control(access: SlurmAccess, state: Path | None, env: Mapping[str, str]
     from slurm.rest_slurm import RestSlurm
 
     where, jwt_file, user = access.restd, access.jwt_file, access.user
+    local_state = state_dir(state, env)
+    env = _job_env(local_state / "slurm.conf", env)
     if where is None:
         from slurm.restd import load_endpoint
 
-        local = load_endpoint(state_dir(state, env))
+        local = load_endpoint(local_state)
         if local is None:
             raise UsageError(
                 "No slurmrestd configured: pass --slurmrestd http://HOST:PORT or unix:PATH "
@@ -126,11 +139,25 @@ def rest_control(access: SlurmAccess, state: Path | None, env: Mapping[str, str]
         where = local.url
         if jwt_file is None:
             jwt_file, user = str(local.token_file), user or local.user
+    # The OpenAPI version (22.05's v0.0.38 or 25.11's v0.0.44) is asked of the daemon on first
+    # use, so building the backend needs no daemon.
     if where.startswith("unix:"):
         return RestSlurm(
             socket=where.removeprefix("unix:"), token_file=jwt_file, user=user, env=env
         )
     return RestSlurm(url=where, token_file=jwt_file, user=user, env=env)
+
+
+def _job_env(conf: Path, env: Mapping[str, str]) -> Mapping[str, str]:
+    # A job submitted through slurmrestd gets this environment: on the local 25.11 cluster its
+    # programs go first on PATH, so the job's own srun and scontrol match its slurmctld.
+    from slurm import install
+
+    try:
+        inst = install.of_conf(conf)
+    except UsageError:
+        return env
+    return install.command_env(inst, env)
 
 
 def cluster_status(

@@ -120,14 +120,16 @@ def cluster_root(out: Path, spec: ClusterSpec) -> Path:
     return short
 
 
-def local_spec(spec: ClusterSpec, backend: str, policy: Path | None) -> bringup.LocalSpec:
-    """What :func:`bring_up` asks :func:`recovery.bringup.up` for: ``spec``'s cluster, its
-    coordinator with ``policy`` and one agent per node, and slurmrestd when the run reaches
-    Slurm through it (``backend`` ``rest``)."""
+def local_spec(
+    spec: ClusterSpec, backend: str, policy: Path | None, slurm: str | None = None
+) -> bringup.LocalSpec:
+    """What :func:`bring_up` asks :func:`recovery.bringup.up` for: ``spec``'s cluster on the
+    Slurm ``slurm`` names (``--slurm``), its coordinator with ``policy`` and one agent per
+    node, and slurmrestd when the run reaches Slurm through it (``backend`` ``rest``)."""
     return bringup.LocalSpec(
         nodes=spec.nodes, spares=spec.spares, slurmd_timeout_s=spec.slurmd_timeout_s,
         cred_expire_s=spec.cred_expire_s, rest=backend == "rest", coordinator=True,
-        agents=True, policy=policy,
+        agents=True, policy=policy, slurm=slurm,
     )  # fmt: skip
 
 
@@ -164,7 +166,8 @@ def bring_up(
         log(f"{line} ({time.monotonic() - t0:.1f} s)")
 
     try:
-        up = bringup.up(parts.state, local_spec(spec, backend, policy), log=timed)
+        version = access.resolved(env).slurm
+        up = bringup.up(parts.state, local_spec(spec, backend, policy, version), log=timed)
         assert up.coordinator is not None  # asked for: LocalSpec(agents=True)
         slurm = up.slurm_control(access, env)
         client = Client(up.coordinator.url, admin_token(up.coordinator.tokens_path))

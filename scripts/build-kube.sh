@@ -29,9 +29,9 @@ if [[ -n "${1:-}" ]]; then
   echo "build-kube: unknown option '$1' (valid: --print, or nothing)" >&2; exit 2
 fi
 
-start=$SECONDS
-phase() { printf '== build-kube [%4ds] %s\n' "$((SECONDS - start))" "$*"; }
-fail() { echo "build-kube: FAILED: $*" >&2; exit 1; }
+TAG=build-kube
+# shellcheck source=scripts/lib/build-cache.sh
+source "$(dirname "$0")/lib/build-cache.sh"
 
 cached() {
   [[ -x "$BIN/kube-apiserver" && -x "$BIN/kubectl" && -f "$DEST/STAMP" ]] &&
@@ -48,29 +48,13 @@ if ((${#missing[@]})); then
   fail "missing Debian packages: ${missing[*]} (apt-get install ${missing[*]}, or run ./scripts/setup.sh)"
 fi
 
-mkdir -p "$CACHE" || fail "cannot create $CACHE (set KUBE_CACHE to a writable folder)"
-# One build at a time (setup.sh and a test session may both ask); the loser waits, then
-# finds the cache filled.
-exec 9>"$CACHE/.lock"
-if ! flock -n 9; then
-  phase "another build holds $CACHE/.lock; waiting for it"
-  flock 9
-  if cached; then phase "cached: $BIN"; exit 0; fi
-fi
+cache_lock "$CACHE" cached
 
 work="$CACHE/work"
 rm -rf "$work"
 mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/apt/parts" "$work/src"
-log="$work/build.log"
-: >"$log"
-# Run a step with its output in the log; on failure show the log tail and say which step.
-step() {
-  local what="$1"; shift
-  if ! "$@" >>"$log" 2>&1; then
-    tail -n 40 "$log" >&2
-    fail "$what (full log: $log)"
-  fi
-}
+BUILD_LOG="$work/build.log"
+: >"$BUILD_LOG"
 
 phase "fetching Debian source package kubernetes (bookworm)"
 # The mirror the machine already uses for bookworm; a private apt folder so the system's
@@ -89,7 +73,7 @@ step "apt-get update for deb-src $mirror (set KUBE_DEBIAN_MIRROR to another mirr
   apt-get "${apt_opts[@]}" --error-on=any update
 (cd "$work/src" && step "apt-get source kubernetes from $mirror" apt-get "${apt_opts[@]}" source --download-only kubernetes)
 dsc=$(ls "$work/src"/kubernetes_*.dsc 2>/dev/null | head -n1)
-[[ -n "$dsc" ]] || fail "no kubernetes_*.dsc downloaded (see $log)"
+[[ -n "$dsc" ]] || fail "no kubernetes_*.dsc downloaded (see $BUILD_LOG)"
 step "unpacking $dsc" dpkg-source --no-check -x "$dsc" "$work/src/kubernetes"
 tree="$work/src/kubernetes"
 [[ -d "$tree/vendor" && -d "$tree/cmd/kube-apiserver" ]] || fail "unexpected source layout in $tree"

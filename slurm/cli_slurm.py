@@ -30,6 +30,7 @@ from recovery.errors import (
     UsageError,
 )
 from recovery.ports.slurm import BatchJob, JobInfo, NodeInfo, validate_job_id
+from slurm import install
 from slurm.control import SlurmBase
 from slurm.parse import UNREACHABLE, parse_jobs, parse_nodes, reply_errors
 
@@ -62,6 +63,14 @@ def classify_reply_errors(
     return SlurmRefusedError(f"{cmd}: refused: {text}")
 
 
+def _parse_version(text: str) -> tuple[int, int]:
+    # `scontrol --version` prints "slurm 22.05.8" (or "slurm-wlm 22.05.8" on some builds).
+    m = re.search(r"(\d+)\.(\d+)", text)
+    if m is None:
+        raise SlurmError(f"scontrol --version printed no version: {text.strip()[:100]!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
 class CliSlurm(SlurmBase):
     """SlurmControl through ``scontrol``, ``sinfo``, ``squeue``, ``sbatch`` and ``scancel``.
 
@@ -69,6 +78,12 @@ class CliSlurm(SlurmBase):
     bounds each command in seconds (a timeout is a SlurmUnavailableError); ``jwt_file``, when
     given, holds the JWT sent as ``SLURM_JWT`` (read again for every command, so a rotated
     token is picked up; a missing file is a UsageError).
+
+    The commands are those of the install the conf names (:func:`slurm.install.of_conf`: our
+    local cluster's conf says 22.05 or 25.11), else those on ``PATH``. Reads follow the
+    version: 23.02 and later list nodes with ``scontrol show nodes --json`` (25.11's ``sinfo
+    --json`` lists none) and jobs with ``squeue --json --states=all`` (without it, 25.11 hides
+    finished jobs).
     """
 
     def __init__(
@@ -84,7 +99,9 @@ class CliSlurm(SlurmBase):
         self.jwt_file = Path(jwt_file) if jwt_file is not None else None
         base = dict(os.environ if env is None else env)
         base["SLURM_CONF"] = str(self.conf_path)
-        self._env = base
+        self.install = install.of_conf(self.conf_path)
+        self._env = install.command_env(self.install, base)
+        self._series: tuple[int, int] | None = self.install.series if self.install else None
 
     # --- transport ----------------------------------------------------------------------
 
@@ -133,15 +150,38 @@ class CliSlurm(SlurmBase):
             raise classify_reply_errors(argv, errors)
         return text
 
+    def series(self) -> tuple[int, int]:
+        """The Slurm series of the commands run, e.g. ``(25, 11)``: the conf's install, else
+        asked once of ``scontrol --version``."""
+        if self._series is None:
+            self._series = _parse_version(self.run(["scontrol", "--version"]))
+        return self._series
+
     # --- reading ------------------------------------------------------------------------
 
     def nodes(self) -> list[NodeInfo]:
         """All nodes, sorted by name."""
+        if self.series() >= (23, 2):
+            argv = ["scontrol", "show", "nodes", "--json"]
+            return parse_nodes(self.read_json(argv), what="scontrol show nodes --json")
         return parse_nodes(self.read_json(["sinfo", "--json"]))
 
     def jobs(self) -> list[JobInfo]:
         """All jobs slurmctld remembers (pending, running, finished within MinJobAge)."""
+        if self.series() >= (23, 2):
+            return parse_jobs(self.read_json(["squeue", "--json", "--states=all"]))
         return parse_jobs(self.read_json(["squeue", "--json"]))
+
+    def expedited_requeue(self) -> bool:
+        """Whether this cluster takes ``sbatch --requeue=expedite``: Slurm 25.11 or later with
+        ``SlurmctldParameters=enable_expedited_requeue`` (from ``scontrol show config``)."""
+        if self.series() < (25, 11):
+            return False
+        for line in self.run(["scontrol", "show", "config"]).splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "SlurmctldParameters":
+                return "enable_expedited_requeue" in [p.strip() for p in value.split(",")]
+        return False
 
     # --- raw requests (the rules around them are in SlurmBase) ---------------------------
 
@@ -164,6 +204,9 @@ class CliSlurm(SlurmBase):
 
     def _request_cancel(self, job_id: str) -> None:
         self.run(["scancel", job_id])
+
+    def _request_release(self, job_id: str) -> None:
+        self.run(["scontrol", "release", job_id])
 
     def submit(self, job: BatchJob) -> str:
         """Submit ``job`` with ``sbatch --parsable``; return the new job id.

@@ -12,7 +12,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from recovery.errors import (
     unknown_choice,
 )
 from recovery.ports.slurm import NodeInfo, describe_state
-from slurm import munge, procs, restd
+from slurm import install, munge, procs, restd
 from slurm.cli_slurm import CliSlurm
 from slurm.clusterinfo import (
     REQUIRED_PROGRAMS,
@@ -39,7 +39,8 @@ from slurm.clusterinfo import (
     node_names,
     resolve_conf,
 )
-from slurm.conf import ClusterLayout, render_slurm_conf
+from slurm.conf import ClusterLayout, render_epilog, render_slurm_conf
+from slurm.install import SlurmInstall
 from slurm.restd import RestEndpoint
 
 __all__ = [
@@ -61,8 +62,12 @@ class LocalCluster:
     ``slurmd_timeout_s`` (seconds) is how soon a crashed slurmd's node goes DOWN;
     ``cred_expire_s`` bounds the wait before a requeued job restarts. ``jwt`` makes slurmctld
     also accept JWTs (``auth/jwt``), which :meth:`start_rest`'s slurmrestd needs for requests
-    acting as a chosen user. ``clock``/``sleep`` are injected so waiting logic can be driven
-    by tests.
+    acting as a chosen user. ``install`` is the Slurm it runs on (default: Debian's 22.05;
+    see :mod:`slurm.install`). ``expedite`` allows ``--requeue=expedite`` (25.11 only; None:
+    whenever the install has it). ``epilog`` is the command slurmd runs as the Epilog after
+    each job (ours is ``agents/epilog.py``, which fails while the node has an open fault);
+    None: no Epilog.
+    ``clock``/``sleep`` are injected so waiting logic can be driven by tests.
     """
 
     def __init__(
@@ -72,6 +77,9 @@ class LocalCluster:
         slurmd_timeout_s: int = 10,
         cred_expire_s: int = 10,
         jwt: bool = False,
+        install: SlurmInstall | None = None,
+        expedite: bool | None = None,
+        epilog: Sequence[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -79,6 +87,15 @@ class LocalCluster:
         self.slurmd_timeout_s = slurmd_timeout_s
         self.cred_expire_s = cred_expire_s
         self.jwt = jwt
+        self.install = install if install is not None else self._recorded_install()
+        if expedite is None:
+            expedite = self.install.series >= (25, 11)
+        if expedite and self.install.series < (25, 11):
+            raise UsageError(
+                f"expedited requeue needs Slurm 25.11; this cluster runs {self.install.describe()}"
+            )
+        self.expedite = expedite
+        self.epilog = tuple(epilog) if epilog else None
         self._clock = clock
         self._sleep = sleep
 
@@ -88,8 +105,13 @@ class LocalCluster:
         return self.state_dir / "slurm.conf"
 
     def control(self) -> CliSlurm:
-        """The SlurmControl adapter pointed at this cluster."""
+        """The SlurmControl adapter pointed at this cluster (its install's commands)."""
         return CliSlurm(self.conf_path)
+
+    def _recorded_install(self) -> SlurmInstall:
+        # A cluster already running here keeps its install (`down`, `status`, `start_rest`
+        # need no --slurm); a fresh one defaults to Debian's.
+        return install.of_conf(self.conf_path) or install.SYSTEM
 
     # --- state file ---------------------------------------------------------------------
 
@@ -124,8 +146,8 @@ class LocalCluster:
         (with the log's tail) when a daemon fails or nodes are not ready within ``timeout_s``
         seconds.
         """
-        check_installed()
-        if self.jwt and not restd.jwt_plugin_installed():
+        check_installed(self.install)
+        if self.jwt and not restd.jwt_plugin_installed(self.install):
             raise SlurmNotInstalledError(
                 f"Slurm's auth/jwt plugin is missing; {restd.JWT_INSTALL_HINT}"
             )
@@ -142,6 +164,12 @@ class LocalCluster:
                 raise UsageError(
                     f"a cluster with nodes {', '.join(current.nodes + current.spares)} already "
                     f"runs in {self.state_dir}; run `recover cluster down` first"
+                )
+            running = install.of_conf(self.conf_path) or install.SYSTEM
+            if running != self.install:
+                raise UsageError(
+                    f"the cluster in {self.state_dir} runs {running.describe()}, not "
+                    f"{self.install.describe()}; run `recover cluster down` first"
                 )
             if self.jwt and not self._jwt_enabled():
                 raise UsageError(
@@ -169,7 +197,7 @@ class LocalCluster:
         os.chmod(d, 0o755)  # noqa: S103
         mpaths = munge.choose_home(d)
         munge.prepare(mpaths)
-        env = {**os.environ, "SLURM_CONF": str(self.conf_path), procs.MARKER_ENV: str(d)}
+        env = self._daemon_env()
         ports = proc.free_ports(1 + len(names) + len(spare_names))
         layout = ClusterLayout(
             state_dir=d,
@@ -182,6 +210,9 @@ class LocalCluster:
             slurmd_timeout_s=self.slurmd_timeout_s,
             cred_expire_s=self.cred_expire_s,
             jwt_key=restd.make_jwt_key(d) if self.jwt else None,
+            install=self.install,
+            expedite=self.expedite,
+            epilog=self._write_epilog(),
         )
         self.conf_path.write_text(render_slurm_conf(layout))
         pids: dict[str, int] = {}
@@ -192,7 +223,7 @@ class LocalCluster:
         self._record(info)
         # -c: clean start (no jobs or node states from an earlier run); -i: ignore old state.
         pids["slurmctld"] = procs.spawn(
-            ["slurmctld", "-D", "-c", "-i"], env, d / "log" / "slurmctld.out"
+            [self.install.program("slurmctld"), "-D", "-c", "-i"], env, d / "log" / "slurmctld.out"
         )
         self._record(info)
         for name in layout.all_nodes:
@@ -203,7 +234,7 @@ class LocalCluster:
 
     def _spawn_slurmd(self, name: str, env: dict[str, str]) -> int:
         return procs.spawn(
-            ["slurmd", "-D", "-N", name],
+            [self.install.program("slurmd"), "-D", "-N", name],
             {**env, procs.NODE_ENV: name},
             self.state_dir / "log" / f"slurmd.{name}.out",
         )
@@ -241,7 +272,7 @@ class LocalCluster:
             self._record(replace(info, pids=pids))
 
         endpoint = restd.launch(
-            self.state_dir, info.conf_path, proc.free_ports(1)[0], record,
+            self.state_dir, info.conf_path, proc.free_ports(1)[0], record, self.install,
             timeout_s=timeout_s, clock=self._clock, sleep=self._sleep,
         )  # fmt: skip
         restd.save_endpoint(self.state_dir, endpoint)
@@ -274,15 +305,29 @@ class LocalCluster:
         key = self._node_key(info, name)
         if procs.alive(info.pids[key]):
             return info.pids[key]
-        env = {
-            **os.environ,
-            "SLURM_CONF": str(info.conf_path),
-            procs.MARKER_ENV: str(self.state_dir),
-        }
+        env = self._daemon_env()
         pids = dict(info.pids)
         pids[key] = self._spawn_slurmd(name, env)
         self._record(replace(info, pids=pids))
         return pids[key]
+
+    def _write_epilog(self) -> Path | None:
+        if self.epilog is None:
+            return None
+        path = self.state_dir / "epilog"
+        path.write_text(render_epilog(self.install, self.epilog))
+        os.chmod(path, 0o755)  # noqa: S103 - slurmd runs it
+        return path
+
+    def _daemon_env(self) -> dict[str, str]:
+        # The install's programs first on PATH (slurmd runs its slurmstepd, jobs' srun), the
+        # conf, and the marker `down` finds the cluster's processes by.
+        env = {
+            **os.environ,
+            "SLURM_CONF": str(self.conf_path),
+            procs.MARKER_ENV: str(self.state_dir),
+        }
+        return install.command_env(self.install, env)
 
     def _running_info(self) -> ClusterInfo:
         info = self.info()
@@ -400,5 +445,3 @@ def _ready(node: NodeInfo, *, spare: bool) -> bool:
     if node.state != "IDLE" or "NOT_RESPONDING" in node.flags:
         return False
     return node.drained if spare else not node.flags
-
-

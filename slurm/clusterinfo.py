@@ -13,6 +13,7 @@ from typing import Any
 from recovery.errors import SlurmNotInstalledError, UsageError
 from recovery.ports.slurm import NodeInfo, describe_state
 from slurm.cli_slurm import INSTALL_HINT
+from slurm.install import BUILD_HINT, SlurmInstall
 
 REQUIRED_PROGRAMS = ("slurmctld", "slurmd", "munged", "sinfo", "squeue", "scontrol", "sbatch")
 STATE_FILE = "cluster.json"
@@ -40,11 +41,24 @@ def resolve_conf(explicit: str | None, state_dir: Path) -> Path:
     )
 
 
-def check_installed(which: Callable[[str], str | None] = shutil.which) -> None:
-    """Raise SlurmNotInstalledError naming the missing programs and how to install them."""
-    missing = [p for p in REQUIRED_PROGRAMS if which(p) is None]
+def check_installed(
+    install: SlurmInstall | None = None, which: Callable[[str], str | None] = shutil.which
+) -> None:
+    """Raise SlurmNotInstalledError naming the missing programs and how to install them.
+    ``install`` is the Slurm the cluster runs on (None: Debian's, on PATH, looked up with
+    ``which``); munged always comes from Debian's packages."""
+    if install is None or install.prefix is None:
+        missing = [p for p in REQUIRED_PROGRAMS if which(p) is None]
+        if missing:
+            raise SlurmNotInstalledError(f"missing {', '.join(missing)}; {INSTALL_HINT}")
+        return
+    missing = install.missing(tuple(p for p in REQUIRED_PROGRAMS if p != "munged"))
     if missing:
-        raise SlurmNotInstalledError(f"missing {', '.join(missing)}; {INSTALL_HINT}")
+        raise SlurmNotInstalledError(
+            f"missing {', '.join(missing)} in {install.describe()}; {BUILD_HINT}"
+        )
+    if which("munged") is None:
+        raise SlurmNotInstalledError(f"missing munged; {INSTALL_HINT}")
 
 
 #: Longest path a Unix socket may have (``sun_path`` holds 108 bytes, its NUL included).

@@ -14,7 +14,13 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 
-from recovery.errors import ReasonNotOursError, SlurmRefusedError, UsageError, unknown_choice
+from recovery.errors import (
+    ReasonNotOursError,
+    SlurmRefusedError,
+    SlurmUnsupportedError,
+    UsageError,
+    unknown_choice,
+)
 from recovery.ports.slurm import (
     BatchJob,
     JobInfo,
@@ -122,6 +128,11 @@ class SlurmBase(ABC):
     @abstractmethod
     def _request_cancel(self, job_id: str) -> None:
         """Cancel a job."""
+
+    def _request_release(self, job_id: str) -> None:
+        """Release a held job (only asked of a job in ``REQUEUE_HOLD``, which only Slurm
+        25.11's expedited requeue makes)."""
+        raise SlurmUnsupportedError(f"release of job {job_id}: {type(self).__name__} cannot")
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -252,9 +263,17 @@ class SlurmBase(ABC):
 
     def requeue(self, job_id: str | int) -> bool:
         """Requeue a job (it goes back to PENDING, restart count + 1). False (no-op) when it is
-        already pending or being requeued."""
+        already pending or being requeued.
+
+        A job Slurm requeued in held state (``REQUEUE_HOLD``: Slurm 25.11 holds an expedited
+        job whose script failed while no Epilog failed) is released instead: it is queued
+        already, and only waits for someone to let it run."""
         jid = validate_job_id(job_id)
-        if not requeue_needed(self.job(jid)):
+        info = self.job(jid)
+        if info.state == "REQUEUE_HOLD":
+            self._request_release(jid)
+            return True
+        if not requeue_needed(info):
             return False
         try:
             self._request_requeue(jid)

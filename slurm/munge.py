@@ -165,4 +165,3 @@ def remove(paths: MungePaths, state_dir: Path) -> None:
     """Remove munge's folder if it lives outside ``state_dir`` (the fallback in temp)."""
     if state_dir not in paths.home.parents:
         shutil.rmtree(paths.home, ignore_errors=True)
-

@@ -115,6 +115,42 @@ def split_state(state: Any, flags: Any = None) -> tuple[str, frozenset[str]]:
     return base, rest
 
 
+#: Job state flags that decide what a job is for the port, whichever shape says so: a job
+#: COMPLETING still holds its nodes (whatever its base state: 22.05's JSON and pyslurm name it
+#: by this flag alone), and a job in REQUEUE_HOLD waits to be released (Slurm 25.11 holds an
+#: expedited job whose script failed while no Epilog failed).
+JOB_STATE_FLAGS = ("COMPLETING", "REQUEUE_HOLD")
+#: What the other flags Slurm's ``job_state_string`` names a job by (one word: 22.05's JSON,
+#: pyslurm) say of its base state.
+JOB_FLAG_BASE = {
+    "CONFIGURING": "RUNNING", "RESIZING": "RUNNING", "SIGNALING": "RUNNING",
+    "STOPPED": "RUNNING", "STAGE_OUT": "COMPLETING", "REQUEUED": "PENDING",
+    "REQUEUE_FED": "PENDING", "EXPEDITING": "PENDING", "RESV_DEL_HOLD": "PENDING",
+    "SPECIAL_EXIT": "REQUEUE_HOLD",
+}  # fmt: skip
+
+
+def job_state(value: Any) -> tuple[str, frozenset[str]]:
+    """(state, other words) of a job's ``job_state``: 22.05's one word as it is; 23.02+'s list
+    (``["FAILED", "COMPLETING"]``) as the first of :data:`JOB_STATE_FLAGS` it holds, else its
+    base state (the first word). Raises SlurmError for neither shape."""
+    if not isinstance(value, list):
+        return split_state(value)
+    items = [str(s).upper() for s in value]
+    state = next((f for f in JOB_STATE_FLAGS if f in items), items[0] if items else "UNKNOWN")
+    return state, frozenset(s for s in items if s != state)
+
+
+def job_state_word(word: str) -> tuple[str, frozenset[str]]:
+    """(state, flags) of the one word Slurm's ``job_state_string`` gives (pyslurm's
+    ``Job.state``): a flag in :data:`JOB_FLAG_BASE` becomes the base state it implies, kept
+    among the flags. Pure."""
+    upper = word.upper()
+    if upper in JOB_FLAG_BASE:
+        return JOB_FLAG_BASE[upper], frozenset({upper})
+    return upper or "UNKNOWN", frozenset()
+
+
 def _load(text: str, key: str, what: str) -> list[dict[str, Any]]:
     try:
         doc = json.loads(text)
@@ -152,16 +188,19 @@ def parse_nodes(text: str, what: str = "sinfo --json") -> list[NodeInfo]:
             raise SlurmError(f"{what} node without a name: {sorted(raw)[:10]}")
         state, flags = split_state(raw.get("state", "UNKNOWN"), raw.get("state_flags"))
         parts = raw.get("partitions") or []
+        # Slurm 25.11 keeps a resumed node's last reason; a reason means something only while
+        # the node is out of service (22.05 clears it on resume).
+        out = state == "DOWN" or "DRAIN" in flags
         seen[name] = NodeInfo(
             name=name,
             state=state,
             flags=flags,
-            reason=str(raw.get("reason") or ""),
-            reason_set_by=str(raw.get("reason_set_by_user") or ""),
+            reason=str(raw.get("reason") or "") if out else "",
+            reason_set_by=str(raw.get("reason_set_by_user") or "") if out else "",
             cpus=number(raw.get("cpus"), 0) or 0,
             partitions=tuple(str(p) for p in parts) if isinstance(parts, list) else (),
             features=_features(raw.get("active_features") or raw.get("features")),
-            reason_changed_at=float(number(raw.get("reason_changed_at"), 0) or 0),
+            reason_changed_at=float(number(raw.get("reason_changed_at"), 0) or 0) if out else 0.0,
         )
     return [seen[n] for n in sorted(seen)]
 
@@ -186,8 +225,9 @@ def parse_jobs(text: str, what: str = "squeue --json") -> list[JobInfo]:
         job_id = number(raw.get("job_id"), None)
         if job_id is None:
             raise SlurmError(f"{what} job without a job_id: {sorted(raw)[:10]}")
-        state, flags = split_state(raw.get("job_state", "UNKNOWN"))
-        nodes = raw.get("nodes") or ""
+        state, flags = job_state(raw.get("job_state", "UNKNOWN"))
+        # 25.11 still lists a requeued (pending) job's last nodes; a pending job holds none.
+        nodes = raw.get("nodes") or "" if state != "PENDING" else ""
         jobs.append(
             JobInfo(
                 job_id=str(job_id),

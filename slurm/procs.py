@@ -5,6 +5,11 @@ Daemons are started in the foreground (``-D``/``-F``) in their own session with
 (:data:`MARKER_ENV` = the cluster's state dir); ``slurmstepd`` inherits slurmd's environment,
 and job processes are its descendants, so "marked processes and their descendants" is exactly
 what a cluster started - never a process of another cluster or of the user's shell.
+
+Slurm 25.11's slurmstepd writes its process title over its environment, so the marker cannot
+be read there; such a step is known instead by the files it holds open in the cluster's state
+dir (its node's slurmd log, its spool), and only a process named ``slurmstepd`` is looked at
+that way.
 """
 
 from __future__ import annotations
@@ -36,6 +41,33 @@ def _environ_has(pid: int, entries: set[bytes]) -> bool:
     return entries <= set(data.split(b"\0"))
 
 
+def _comm(pid: int) -> str:
+    try:
+        return (_PROC / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _holds_open(pid: int, marker: str, node: str | None) -> bool:
+    """Whether ``pid`` holds a file open under the state dir ``marker`` (for ``node``: one of
+    that node's, whose paths name ``slurmd.<node>``)."""
+    prefix = marker.rstrip("/") + "/"
+    try:
+        fds = list((_PROC / str(pid) / "fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if not target.startswith(prefix):
+            continue
+        if node is None or f"slurmd.{node}." in target or f"slurmd.{node}/" in target:
+            return True
+    return False
+
+
 def cluster_processes(
     marker: str, roots: Iterable[int] = (), *, node: str | None = None
 ) -> set[int]:
@@ -55,7 +87,9 @@ def cluster_processes(
         if st is None or st[0] in ("Z", "X"):
             continue
         parents[pid] = st[1]
-        if _environ_has(pid, entry):
+        if _environ_has(pid, entry) or (
+            _comm(pid) == "slurmstepd" and _holds_open(pid, marker, node)
+        ):
             found.add(pid)
     found |= {r for r in roots if r in parents}
     # Descendants: repeat until no new child of a found process appears.

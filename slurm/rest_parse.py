@@ -38,6 +38,11 @@ from slurm.parse import UNREACHABLE
 #: The OpenAPI plugin version this backend speaks (Slurm 22.05's newest).
 API_VERSION = "v0.0.38"
 
+#: Slurm 25.11's newest data parser (``slurm.rest_slurm44``).
+API_VERSION_44 = "v0.0.44"
+#: Which Slurm each spoken version is the newest of.
+SLURM_OF = {API_VERSION: "Slurm 22.05", API_VERSION_44: "Slurm 25.11"}
+
 #: Slurm error numbers meaning slurmctld was not reached (SLURMCTLD_COMMUNICATIONS_* and the
 #: socket timeouts); their texts also match :data:`slurm.parse.UNREACHABLE`.
 UNREACHABLE_ERRNOS = frozenset({1800, 1801, 1802, 1803, 1804, 5004, 5005})
@@ -84,11 +89,12 @@ def reply_errors(doc: dict[str, Any] | None) -> list[RestError]:
 
 
 def classify(
-    what: str, status: int, text: str, *, token_expired: bool = False
+    what: str, status: int, text: str, *, token_expired: bool = False, version: str = API_VERSION
 ) -> SlurmError | SlurmUnavailableError | None:
     """The error a reply with HTTP ``status`` and body ``text`` stands for, or None when it is
     a plain success. ``what`` names the request in messages (e.g. ``GET nodes``);
-    ``token_expired`` says whether the JWT sent has expired (see :func:`token_expiry`). Pure.
+    ``token_expired`` says whether the JWT sent has expired (see :func:`token_expiry`);
+    ``version`` is the OpenAPI version spoken (named in a 404's message). Pure.
 
     Unreachable slurmctld, a 502/503/504 from a proxy -> SlurmUnavailableError (transient);
     401 -> SlurmRefusedError naming the credentials; 400 -> SlurmRefusedError (malformed);
@@ -107,7 +113,7 @@ def classify(
     if status == 404:
         return SlurmUnsupportedError(
             f"{what}: slurmrestd does not serve this path (HTTP 404); this backend speaks "
-            f"OpenAPI {API_VERSION} (Slurm 22.05)"
+            f"OpenAPI {version} ({SLURM_OF.get(version, 'Slurm')})"
         )
     if doc is None:
         cls = SlurmUnavailableError if status in _GATEWAY_STATUSES else SlurmRefusedError

@@ -1,8 +1,14 @@
 """``RestSlurm``: the :class:`recovery.ports.slurm.SlurmControl` port over slurmrestd.
 
 For a coordinator that cannot reach a munge socket (a pod in a Slurm-on-Kubernetes cluster).
-It speaks OpenAPI ``v0.0.38``, the newest plugin of Slurm 22.05 (Debian 12's slurmrestd also
-loads v0.0.36/v0.0.37, with no more requests, and the slurmdbd ones, which need slurmdbd).
+It speaks the newest of two OpenAPI versions the daemon offers (asked of its ``/openapi/v3``
+on first use): ``v0.0.44``, Slurm 25.11's newest data parser, or ``v0.0.38``, the newest
+plugin of Slurm 22.05 (Debian 12's slurmrestd also loads v0.0.36/v0.0.37, with no more
+requests, and the slurmdbd ones, which need slurmdbd). Most of what follows is about 22.05;
+on v0.0.44 node DOWN/DRAIN/RESUME work (``POST nodes``, ``POST node/{name}``), signals reach
+the batch shell only (``flags=BATCH_JOB``), submission takes typed fields
+(``slurm.rest_job44``, ``--signal=B:`` and ``--requeue=expedite`` included), and only requeue
+is still refused (no version has such a request; the refusal names what works instead).
 Two ways in, as slurmrestd offers them:
 
 * ``url`` (``http://host:port``) with a JWT: each request carries ``X-SLURM-USER-NAME`` and
@@ -48,14 +54,19 @@ from typing import Any
 
 import httpx
 
-from recovery.errors import SlurmError, SlurmUnavailableError, SlurmUnsupportedError, UsageError
+from recovery.errors import (
+    SlurmError,
+    SlurmUnavailableError,
+    SlurmUnsupportedError,
+    UsageError,
+    unknown_choice,
+)
 from recovery.ports.slurm import BatchJob, JobInfo, NodeInfo, validate_job_id
 from slurm import rest_parse
 from slurm.control import SlurmBase
 from slurm.parse import parse_jobs, parse_nodes
 from slurm.rest_job import job_request
-
-API = f"/slurm/{rest_parse.API_VERSION}"
+from slurm.rest_job44 import job_request44
 
 NO_NODE_UPDATE = (
     f"slurmrestd 22.05 (OpenAPI {rest_parse.API_VERSION}) has no request that changes a node "
@@ -66,6 +77,18 @@ NO_REQUEUE = (
     f"slurmrestd (OpenAPI {rest_parse.API_VERSION}) has no request that requeues a job; use "
     "the CLI backend (with --slurm-jwt-file FILE where there is no munge socket)"
 )
+NO_REQUEUE_44 = (
+    "slurmrestd (OpenAPI v0.0.44, Slurm 25.11) has no request that requeues a job. What works "
+    "instead: set its node DOWN (slurmctld requeues the node's --requeue jobs itself; this "
+    "backend can), or send a `recover sbatch` job USR1 (signal_job: training saves and the "
+    "batch script requeues the job), or use the CLI or pyslurm backend"
+)
+V38, V44 = rest_parse.API_VERSION, rest_parse.API_VERSION_44
+#: What each spoken version cannot do (port methods that raise SlurmUnsupportedError).
+UNSUPPORTED = {
+    V38: frozenset({"down", "drain", "resume", "down_many", "drain_many", "requeue"}),
+    V44: frozenset({"requeue"}),
+}
 
 
 class RestSlurm(SlurmBase):
@@ -75,11 +98,14 @@ class RestSlurm(SlurmBase):
     JWT and the user it was made for); over ``url`` they are required. ``timeout_s`` bounds
     each request in seconds; ``env`` is what a job submitted with ``--export=ALL`` (sbatch's
     default) gets; ``transport`` replaces the HTTP transport (tests); ``clock`` gives Unix
-    seconds (to tell an expired token). Raises UsageError for a bad combination.
+    seconds (to tell an expired token). ``version`` is the OpenAPI version to speak (``v0.0.38``
+    or ``v0.0.44``); None: the newest of those the daemon offers, asked of its
+    ``/openapi/v3`` on first use (:meth:`negotiate`). Raises UsageError for a bad combination.
     """
 
-    #: Port methods that raise SlurmUnsupportedError whenever they need to change something.
-    unsupported = frozenset({"down", "drain", "resume", "down_many", "drain_many", "requeue"})
+    #: Port methods that raise SlurmUnsupportedError whenever they need to change something
+    #: (v0.0.38's until the version is known; see :data:`UNSUPPORTED`).
+    unsupported = UNSUPPORTED[V38]
 
     def __init__(
         self,
@@ -92,7 +118,10 @@ class RestSlurm(SlurmBase):
         env: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.time,
+        version: str | None = None,
     ) -> None:
+        if version is not None and version not in UNSUPPORTED:
+            raise unknown_choice("slurmrestd OpenAPI version", version, UNSUPPORTED)
         if (url is None) == (socket is None):
             raise UsageError(
                 "slurmrestd: give either its URL (http://HOST:PORT) or its unix socket path"
@@ -118,6 +147,34 @@ class RestSlurm(SlurmBase):
             transport = httpx.HTTPTransport(uds=str(socket))
         self._http = httpx.Client(
             base_url=url or "http://slurmrestd", transport=transport, timeout=timeout_s
+        )
+        self._version: str | None = None
+        if version is not None:
+            self._speak(version)
+
+    def _speak(self, version: str) -> None:
+        self._version = version
+        self.unsupported = UNSUPPORTED[version]
+
+    @property
+    def api_version(self) -> str:
+        """The OpenAPI version every path is under (negotiated on first use)."""
+        return self._version if self._version is not None else self.negotiate()
+
+    def negotiate(self) -> str:
+        """Pick the version to speak: v0.0.44 (Slurm 25.11) when the daemon offers it, else
+        22.05's v0.0.38; returns it. Raises SlurmUnavailableError when ``/openapi/v3`` cannot
+        be read, SlurmUnsupportedError when neither is offered (naming those that are)."""
+        if self._version is not None:
+            return self._version
+        offered = self.offered()
+        for version in (V44, V38):
+            if version in offered:
+                self._speak(version)
+                return version
+        raise SlurmUnsupportedError(
+            f"slurmrestd at {self.where} offers {', '.join(offered) or 'no slurm API'}; this "
+            f"backend speaks {V44} (Slurm 25.11) and {V38} (Slurm 22.05)"
         )
 
     def close(self) -> None:
@@ -148,7 +205,8 @@ class RestSlurm(SlurmBase):
         body: Any = None,
         accept: Callable[[str], bool] = lambda _: False,
     ) -> str:
-        """Send one request to ``API + path``; return the reply's text when it succeeded (or
+        """Send one request to ``path`` under ``/slurm/<api_version>``; return the reply's text
+        when it succeeded (or
         ``accept(text)`` says a reply listing errors did, as a submission with a job id).
 
         Raises SlurmUnavailableError when slurmrestd does not answer within ``timeout_s`` or
@@ -158,7 +216,11 @@ class RestSlurm(SlurmBase):
         token = self._token()
         try:
             reply = self._http.request(
-                method, API + path, params=params, json=body, headers=self._headers(token)
+                method,
+                f"/slurm/{self.api_version}{path}",
+                params=params,
+                json=body,
+                headers=self._headers(token),
             )
         except httpx.TimeoutException as e:
             raise SlurmUnavailableError(
@@ -177,6 +239,7 @@ class RestSlurm(SlurmBase):
             reply.status_code,
             text,
             token_expired=expiry is not None and expiry <= self._clock(),
+            version=self.api_version,
         )
         if error is None:
             return text
@@ -184,13 +247,24 @@ class RestSlurm(SlurmBase):
             raise SlurmUnsupportedError(f"{error}; {self._offered()}")
         raise error
 
-    def _offered(self) -> str:
-        # Only for the message of a 404: what the daemon does serve.
+    def offered(self) -> list[str]:
+        """The OpenAPI versions the daemon serves (from its ``/openapi/v3``), oldest first.
+        Raises SlurmUnavailableError when it cannot be read."""
         try:
             doc = self._http.get("/openapi/v3", headers=self._headers(self._token())).text
         except httpx.HTTPError as e:
-            return f"its /openapi/v3 could not be read ({type(e).__name__})"
-        versions = rest_parse.offered_versions(doc)
+            raise SlurmUnavailableError(
+                f"slurmrestd unreachable at {self.where}: its /openapi/v3 could not be read "
+                f"({type(e).__name__}: {e})"
+            ) from e
+        return rest_parse.offered_versions(doc)
+
+    def _offered(self) -> str:
+        # Only for the message of a 404: what the daemon does serve.
+        try:
+            versions = self.offered()
+        except SlurmUnavailableError as e:
+            return str(e)
         return f"it offers {', '.join(versions) or 'no slurm API'} (from /openapi/v3)"
 
     # --- reading --------------------------------------------------------------------------
@@ -206,26 +280,45 @@ class RestSlurm(SlurmBase):
     # --- raw requests (the rules around them are in SlurmBase) ----------------------------
 
     def _request_update(self, nodes: Sequence[str], state: str, reason: str) -> None:
-        raise SlurmUnsupportedError(f"{state} of {', '.join(nodes)}: {NO_NODE_UPDATE}")
+        if self.api_version == V38:
+            raise SlurmUnsupportedError(f"{state} of {', '.join(nodes)}: {NO_NODE_UPDATE}")
+        # v0.0.44: one request for the whole group, as the CLI's `scontrol update NodeName=a,b`.
+        body = {"name": list(nodes), "state": [state], "reason": reason}
+        self.request("POST", "/nodes", body=body)
 
     def _request_resume(self, node: str) -> None:
-        raise SlurmUnsupportedError(f"resume of {node}: {NO_NODE_UPDATE}")
+        if self.api_version == V38:
+            raise SlurmUnsupportedError(f"resume of {node}: {NO_NODE_UPDATE}")
+        self.request("POST", f"/node/{node}", body={"state": ["RESUME"]})
 
     def _request_requeue(self, job_id: str) -> None:
-        raise SlurmUnsupportedError(f"requeue of job {job_id}: {NO_REQUEUE}")
+        why = NO_REQUEUE if self.api_version == V38 else NO_REQUEUE_44
+        raise SlurmUnsupportedError(f"requeue of job {job_id}: {why}")
+
+    def _request_release(self, job_id: str) -> None:
+        # A job Slurm 25.11 held after an expedited requeue (v0.0.38 never meets one).
+        self.request("POST", f"/job/{job_id}", body={"hold": False})
 
     def _request_signal(self, job_id: str, signal: str) -> None:
-        # KILL_FULL_JOB on slurmrestd's side: every step, the batch shell and its children.
-        self.request("DELETE", f"/job/{job_id}", params={"signal": signal})
+        if self.api_version == V38:
+            # KILL_FULL_JOB on slurmrestd's side: every step, the batch shell and its children.
+            self.request("DELETE", f"/job/{job_id}", params={"signal": signal})
+            return
+        # v0.0.44 takes the flags: the batch shell only, as the CLI's `scancel --batch`.
+        self.request("DELETE", f"/job/{job_id}", params={"signal": signal, "flags": "BATCH_JOB"})
 
     def _request_cancel(self, job_id: str) -> None:
         self.request("DELETE", f"/job/{job_id}")
 
     def submit(self, job: BatchJob) -> str:
         """Submit ``job`` (``POST job/submit``); return the new job id. Raises UsageError for
-        an option slurmrestd does not take, SlurmUnsupportedError for ``--signal=B:...``
-        (see ``slurm.rest_job``), SlurmRefusedError when slurmctld refuses the job."""
-        body = job_request(job, self._env)
+        an option slurmrestd does not take, SlurmUnsupportedError for ``--signal=B:...`` on
+        v0.0.38 (see ``slurm.rest_job``; v0.0.44 takes it: ``slurm.rest_job44``),
+        SlurmRefusedError when slurmctld refuses the job."""
+        if self.api_version == V38:
+            body = job_request(job, self._env)
+        else:
+            body = job_request44(job, self._env)
         text = self.request(
             "POST",
             "/job/submit",
@@ -236,3 +329,16 @@ class RestSlurm(SlurmBase):
         if job_id is None:
             raise SlurmError(f"POST /job/submit answered without a job_id: {text[:200]!r}")
         return validate_job_id(job_id)
+
+
+def connect(**kwargs: Any) -> RestSlurm:
+    """A :class:`RestSlurm` (same arguments) that has already asked the daemon which version
+    to speak (:meth:`RestSlurm.negotiate`), so its ``unsupported`` is that version's. Raises
+    as the constructor and :meth:`RestSlurm.negotiate` do."""
+    ctl = RestSlurm(**kwargs)
+    try:
+        ctl.negotiate()
+    except BaseException:
+        ctl.close()
+        raise
+    return ctl

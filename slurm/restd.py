@@ -38,8 +38,9 @@ from pathlib import Path
 
 from recovery import fsutil, proc
 from recovery.errors import ClusterError, SlurmNotInstalledError
-from slurm import procs
+from slurm import install, procs
 from slurm.cli_slurm import INSTALL_HINT
+from slurm.install import SlurmInstall
 from slurm.munge import traversable_by
 
 REST_USER = "nobody"
@@ -48,6 +49,17 @@ REST_FILE = "rest.json"
 #: The OpenAPI plugins we load: Debian 22.05 also ships the slurmdbd ones (dbv0.0.3x), which
 #: make slurmrestd exit at start without slurmdbd ("slurm not configured with slurmdbd").
 PLUGINS = "openapi/v0.0.38"
+#: Slurm 25.11 serves one OpenAPI plugin for slurmctld and picks the API version per request
+#: through its data parsers (v0.0.41-v0.0.44, each path prefixed with its version).
+PLUGINS_2511 = "openapi/slurmctld"
+
+
+def plugins_for(inst: SlurmInstall) -> str:
+    """The ``-s`` argument for ``inst``'s slurmrestd (never the slurmdbd plugins: without
+    slurmdbd they make it exit at start)."""
+    return PLUGINS if inst.series < (23, 2) else PLUGINS_2511
+
+
 _MAX_SOCKET_PATH = 100
 REST_INSTALL_HINT = "install it with `apt-get install -y slurmrestd` (or `./scripts/setup.sh`)"
 
@@ -116,8 +128,11 @@ JWT_INSTALL_HINT = (
 )
 
 
-def jwt_plugin_installed() -> bool:
-    """Whether slurmctld can load ``auth/jwt`` (without it, a conf naming it stops slurmctld)."""
+def jwt_plugin_installed(inst: SlurmInstall | None = None) -> bool:
+    """Whether ``inst``'s slurmctld (default: Debian's) can load ``auth/jwt`` (without it, a
+    conf naming it stops slurmctld)."""
+    if inst is not None and inst.plugin_dir is not None:
+        return (inst.plugin_dir / "auth_jwt.so").is_file()
     return any(glob.glob(g) for g in _JWT_PLUGIN_GLOBS)
 
 
@@ -143,10 +158,12 @@ def make_token(conf: Path, token_file: Path, *, user: str = "root", lifespan_s: 
     """Ask slurmctld for a JWT for ``user`` valid ``lifespan_s`` seconds (``scontrol token``);
     write it to ``token_file`` (mode 0600) and return it. Raises ClusterError when refused
     (e.g. the cluster was started without JWT)."""
-    argv = ["scontrol", "token", f"username={user}", f"lifespan={lifespan_s}"]
+    inst = install.of_conf(conf)
+    scontrol = inst.program("scontrol") if inst is not None else "scontrol"
+    argv = [scontrol, "token", f"username={user}", f"lifespan={lifespan_s}"]
     proc = subprocess.run(
         argv,
-        env={**os.environ, "SLURM_CONF": str(conf)},
+        env=install.command_env(inst, {**os.environ, "SLURM_CONF": str(conf)}),
         capture_output=True,
         text=True,
         timeout=15,
@@ -162,15 +179,19 @@ def make_token(conf: Path, token_file: Path, *, user: str = "root", lifespan_s: 
     return token
 
 
-def prepare(paths: RestPaths, conf: Path) -> None:
+def prepare(paths: RestPaths, conf: Path, inst: SlurmInstall = install.SYSTEM) -> None:
     """Create slurmrestd's folders (the socket's owned by nobody) and copy slurm.conf in.
 
-    Raises SlurmNotInstalledError when slurmrestd or setpriv is missing.
+    Raises SlurmNotInstalledError when ``inst``'s slurmrestd or setpriv is missing.
     """
-    for prog in ("slurmrestd", "setpriv"):
-        if shutil.which(prog) is None:
-            hint = REST_INSTALL_HINT if prog == "slurmrestd" else INSTALL_HINT
-            raise SlurmNotInstalledError(f"{prog} not found; {hint}")
+    if shutil.which("setpriv") is None:
+        raise SlurmNotInstalledError(f"setpriv not found; {INSTALL_HINT}")
+    try:
+        inst.program("slurmrestd")
+    except SlurmNotInstalledError as e:
+        if inst.prefix is not None:
+            raise
+        raise SlurmNotInstalledError(f"slurmrestd not found; {REST_INSTALL_HINT}") from e
     pw = pwd.getpwnam(REST_USER)
     paths.home.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.home, 0o755)  # noqa: S103 - nobody must reach its conf and socket
@@ -189,6 +210,7 @@ def start(
     log: Path,
     *,
     jwt: bool,
+    inst: SlurmInstall = install.SYSTEM,
     timeout_s: float = 15.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
@@ -205,10 +227,10 @@ def start(
     argv = [
         "setpriv", f"--reuid={REST_USER}", f"--regid={pwd.getpwnam(REST_USER).pw_gid}",
         "--clear-groups", "--",
-        "slurmrestd", "-f", str(paths.conf), "-s", PLUGINS,
+        inst.program("slurmrestd"), "-f", str(paths.conf), "-s", plugins_for(inst),
         "-a", "rest_auth/jwt" if jwt else "rest_auth/local", listen,
     ]  # fmt: skip
-    daemon_env = {**env, "SLURM_CONF": str(paths.conf)}
+    daemon_env = install.command_env(inst, {**env, "SLURM_CONF": str(paths.conf)})
     if jwt:
         daemon_env["SLURM_JWT"] = "daemon"
     else:
@@ -254,6 +276,7 @@ def launch(
     conf: Path,
     port: int,
     record: Callable[[str, int], None],
+    inst: SlurmInstall = install.SYSTEM,
     *,
     timeout_s: float = 15.0,
     clock: Callable[[], float] = time.monotonic,
@@ -264,7 +287,7 @@ def launch(
     is called as each starts. Raises as :func:`prepare`, :func:`start` and :func:`make_token`.
     """
     paths = choose_home(state_dir)
-    prepare(paths, conf)
+    prepare(paths, conf, inst)
     env = {**os.environ, procs.MARKER_ENV: str(state_dir)}
     listen = f"127.0.0.1:{port}"
     for name, where, jwt in (
@@ -272,7 +295,10 @@ def launch(
         (DAEMONS[1], f"unix:{paths.socket}", False),
     ):
         log = state_dir / "log" / f"{name}.out"
-        pid = start(paths, where, env, log, jwt=jwt, timeout_s=timeout_s, clock=clock, sleep=sleep)
+        pid = start(
+            paths, where, env, log, jwt=jwt, inst=inst, timeout_s=timeout_s, clock=clock,
+            sleep=sleep,
+        )  # fmt: skip
         record(name, pid)
     token_file = jwt_key_path(state_dir).parent / "token"
     make_token(conf, token_file)
@@ -294,4 +320,3 @@ def remove(paths: RestPaths, state_dir: Path) -> None:
     """Remove slurmrestd's folder if it lives outside ``state_dir`` (the fallback in temp)."""
     if state_dir not in paths.home.parents:
         shutil.rmtree(paths.home, ignore_errors=True)
-

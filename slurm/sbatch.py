@@ -109,18 +109,20 @@ def training_job(
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S,
     job_name: str | None = None,
     workdir: str | None = None,
+    expedite: bool = False,
 ) -> BatchJob:
     """Build the requeueable batch job for a training command.
 
     ``signal_lead_s`` is how many seconds before the time limit USR1 arrives (1-65535).
     ``sbatch_args`` are passed to sbatch verbatim and come after ours, so they win.
+    ``expedite`` asks for ``--requeue=expedite`` (see :func:`expedite_allowed`).
     Raises UsageError for an out-of-range lead or an empty command.
     """
     if not 1 <= signal_lead_s <= 65535:
         raise UsageError(f"Invalid --signal-lead {signal_lead_s}: expected 1 to 65535 seconds")
     cmd = with_auto_resume(command)
     options: dict[str, str | None] = {
-        "requeue": None,
+        "requeue": "expedite" if expedite else None,
         "open-mode": "append",
         "signal": f"B:USR1@{signal_lead_s}",
     }
@@ -136,6 +138,16 @@ def training_job(
     )
 
 
+def expedite_allowed(control: SlurmControl) -> bool:
+    """Whether ``control``'s cluster takes ``--requeue=expedite`` (Slurm 25.11 with
+    ``enable_expedited_requeue``): asked of the backend's ``expedited_requeue()``; a backend
+    that cannot tell (slurmrestd) says no. Expedited, a job requeued on node failure, or whose
+    script failed while our Epilog failed, starts again at once instead of after
+    ``cred_expire``."""
+    ask = getattr(control, "expedited_requeue", None)
+    return bool(ask()) if callable(ask) else False
+
+
 def submit_training(
     control: SlurmControl,
     command: Sequence[str],
@@ -143,13 +155,18 @@ def submit_training(
     sbatch_args: Sequence[str] = (),
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S,
     job_name: str | None = None,
+    expedite: bool | None = None,
 ) -> str:
-    """Submit ``command`` as a requeueable training job; return the job id.
+    """Submit ``command`` as a requeueable training job; return the job id. ``expedite``
+    (None: where :func:`expedite_allowed`) asks for ``--requeue=expedite``.
 
     Raises UsageError for bad input, SlurmRefusedError when sbatch refuses (e.g. an unknown
     sbatch option) and SlurmUnavailableError when slurmctld cannot be reached.
     """
+    if expedite is None:
+        expedite = expedite_allowed(control)
     job = training_job(
-        command, sbatch_args=sbatch_args, signal_lead_s=signal_lead_s, job_name=job_name
-    )
+        command, sbatch_args=sbatch_args, signal_lead_s=signal_lead_s, job_name=job_name,
+        expedite=expedite,
+    )  # fmt: skip
     return control.submit(job)

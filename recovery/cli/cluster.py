@@ -19,7 +19,7 @@ import typer
 from typer.core import TyperCommand
 
 from recovery import bringup, wiring
-from recovery.cli.options import AsJson, SlurmBackend
+from recovery.cli.options import AsJson, SlurmBackend, SlurmVersion
 from recovery.ports.slurm import SlurmControl
 from recovery.spares import SparePool
 
@@ -80,13 +80,14 @@ def up(
             "unix socket); `--slurm-backend rest` then finds it.",
         ),
     ] = False,
+    slurm: SlurmVersion = None,
     as_json: AsJson = False,
 ) -> None:
     """Start munge, slurmctld and one slurmd per node; return once all nodes are idle."""
     d = _state_dir(state_dir)
     spec = bringup.LocalSpec(
         nodes=nodes, spares=spares, slurmd_timeout_s=slurmd_timeout, rest=rest,
-        coordinator=coordinator, agents=agents,
+        coordinator=coordinator, agents=agents, slurm=slurm,
     )  # fmt: skip
     got = bringup.up(d, spec)
     if as_json:
@@ -95,6 +96,7 @@ def up(
     info, endpoint, restd = got.info, got.coordinator, got.restd
     verb = "started" if info.started else "already running"
     typer.echo(f"cluster {verb}: nodes {', '.join(info.nodes)}; spares {', '.join(info.spares)}")
+    typer.echo(f"slurm: {_describe(info.conf_path)}")
     if endpoint is not None:
         typer.echo(
             f"coordinator at {endpoint.url} (state in {endpoint.state_dir}; "
@@ -108,7 +110,25 @@ def up(
             f"slurmrestd at {restd.url} (JWT for {restd.user} in {restd.token_file}) and "
             f"unix:{restd.socket} (local auth, acts as nobody)"
         )
-    typer.echo(f"export SLURM_CONF={shlex.quote(str(info.conf_path))}")
+    typer.echo(_env_lines(info.conf_path))
+
+
+def _describe(conf: Path) -> str:
+    from slurm import install
+
+    return (install.of_conf(conf) or install.SYSTEM).describe()
+
+
+def _env_lines(conf: Path) -> str:
+    # The install's commands first on PATH: a 22.05 sinfo cannot talk to a 25.11 slurmctld.
+    from slurm import install
+
+    lines = [f"export SLURM_CONF={shlex.quote(str(conf))}"]
+    inst = install.of_conf(conf)
+    if inst is not None and inst.prefix is not None:
+        dirs = ":".join(shlex.quote(str(d)) for d in inst.bin_dirs)
+        lines.append(f'export PATH={dirs}:"$PATH"')
+    return "\n".join(lines)
 
 
 @app.command()
@@ -131,11 +151,11 @@ def status(
 
 @app.command()
 def env(state_dir: StateDir = None) -> None:
-    """Print the line that points Slurm's commands at the cluster: eval "$(recover cluster env)"."""
+    """Print the lines that point Slurm's commands at the cluster (its conf, and on 25.11 its
+    programs first on PATH): eval "$(recover cluster env)"."""
     from slurm.cluster import resolve_conf
 
-    conf = resolve_conf(None, _state_dir(state_dir))
-    typer.echo(f"export SLURM_CONF={shlex.quote(str(conf))}")
+    typer.echo(_env_lines(resolve_conf(None, _state_dir(state_dir))))
 
 
 @app.command()

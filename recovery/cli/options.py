@@ -14,8 +14,8 @@ SlurmBackend = Annotated[
     str | None,
     typer.Option(
         "--slurm-backend",
-        help="How to reach Slurm: cli (Slurm's commands) or rest (slurmrestd) "
-        "[default: $RECOVER_SLURM_BACKEND, else cli].",
+        help="How to reach Slurm: cli (Slurm's commands), rest (slurmrestd) or pyslurm "
+        "(Slurm 25.11's C API) [default: $RECOVER_SLURM_BACKEND, else cli].",
     ),
 ]
 SlurmRestd = Annotated[
@@ -38,5 +38,13 @@ SlurmUser = Annotated[
     str | None,
     typer.Option(
         "--slurm-user", help="The user the JWT was made for [default: $RECOVER_SLURM_USER]."
+    ),
+]
+SlurmVersion = Annotated[
+    str | None,
+    typer.Option(
+        "--slurm",
+        help="Which Slurm the local cluster runs: auto (25.11 when ./scripts/build-slurm.sh "
+        "built it, else 22.05), 25.11 or 22.05 (Debian's) [default: $RECOVER_SLURM, else auto].",
     ),
 ]

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from recovery.cli.options import AsJson, SlurmBackend
+from recovery.cli.options import AsJson, SlurmBackend, SlurmVersion
 
 app = typer.Typer(
     help="Run fault scenarios against a test cluster and check what they cost.",
@@ -56,6 +56,7 @@ def run(
         str | None, typer.Option(help="The existing coordinator's tokens file.")
     ] = None,
     slurm_backend: SlurmBackend = None,
+    slurm: SlurmVersion = None,
 ) -> None:
     """Run a scenario: start the local cluster (or use an existing one), inject its faults,
     check its expectations, write its run directory and report. --slurm-backend is how the
@@ -68,7 +69,7 @@ def run(
         run_command(
             scenario, out=out, cache=cache, as_json=as_json, enforce_budgets=not no_budgets,
             existing=existing_from(slurm_conf, coordinator, token_file), env=os.environ,
-            slurm=SlurmAccess(slurm_backend),
+            slurm=SlurmAccess(slurm_backend, slurm=slurm),
         )
     )  # fmt: skip
 

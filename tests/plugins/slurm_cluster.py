@@ -10,6 +10,12 @@ The contract tests of the SlurmControl port take ``slurm_backend`` instead: the 
 runs once per backend (``cli``: Slurm's commands; ``rest``: slurmrestd with a JWT for root,
 started on first use for the session cluster, which accepts JWTs). ``slurm_ctl`` stays the
 admin that arranges and resets the cluster around them.
+
+Slurm 25.11 tier: a backend named ``NAME@25.11`` (``cli@25.11``, ``rest@25.11``,
+``pyslurm@25.11``) runs the same test on a second session cluster, ``local_cluster_2511``, on
+the build of ``scripts/build-slurm.sh`` (expedited requeue allowed); ``slurm_ctl`` then resets
+and arranges that cluster. Without the build those cases are skipped with the reason (in CI,
+which builds it, they fail).
 """
 
 from __future__ import annotations
@@ -23,14 +29,43 @@ import pytest
 
 from recovery.ports.slurm import SlurmControl
 from recovery.spares import SPARE_REASON
-from slurm import procs, restd
+from slurm import install, procs, restd
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import ClusterInfo, LocalCluster
-from slurm.rest_slurm import RestSlurm
+from slurm.rest_slurm import RestSlurm, connect
 from tests.slurm.helpers import SLURMD_TIMEOUT_S, expect_unsupported, require_local_slurm, wait_for
 
-#: The SlurmControl backends every contract test runs against.
-BACKENDS = ("cli", "rest")
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Every local cluster the suite starts through `recover cluster up`, the scenario runner
+    # or `recover demo` (auto: 25.11 where it is built) runs on Debian's 22.05 unless
+    # RECOVER_SLURM says otherwise: the 25.11 tier starts its own clusters by name and stays
+    # a few minutes long.
+    os.environ.setdefault("RECOVER_SLURM", "22.05")
+
+
+#: The SlurmControl backends every contract test runs against: on Debian's 22.05, and
+#: (``@25.11``) on the 25.11 build.
+BACKENDS = ("cli", "rest", "cli@25.11", "rest@25.11", "pyslurm@25.11")
+V2511 = "25.11"
+
+
+def split_backend(param: str) -> tuple[str, str]:
+    """(backend, Slurm series) of a backend parameter: ``rest@25.11`` -> (rest, 25.11);
+    a bare name runs on 22.05."""
+    name, _, version = param.partition("@")
+    return name, version or "22.05"
+
+
+def require_2511() -> install.SlurmInstall:
+    """The 25.11 build, or skip (fail in CI, which builds it) saying how to get it."""
+    built = install.build()
+    if built is None:
+        why = f"Slurm 25.11 tier: not built; {install.BUILD_HINT}"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return built
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +85,46 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         cluster.down()
         left = procs.cluster_processes(str(cluster.state_dir))
         assert not left, f"processes left behind after cluster down: {sorted(left)}"
+
+
+@pytest.fixture(scope="session")
+def local_cluster_2511(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The session's cluster on Slurm 25.11 (JWT on, expedited requeue allowed, no Epilog):
+    same layout as ``local_cluster``."""
+    require_local_slurm()
+    built = require_2511()
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("slurm2511"),
+        slurmd_timeout_s=SLURMD_TIMEOUT_S,
+        jwt=True,
+        install=built,
+        expedite=True,
+    )
+    cluster.up(nodes=3, spares=1)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+        left = procs.cluster_processes(str(cluster.state_dir))
+        assert not left, f"processes left behind after cluster down: {sorted(left)}"
+
+
+def _series_of(request: pytest.FixtureRequest) -> str:
+    # A contract test is parametrised by backend (``slurm_backend`` or ``side``); its name says
+    # which cluster it runs on. Any other test gets the 22.05 cluster.
+    callspec = getattr(request.node, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    param = params.get("slurm_backend") or params.get("side") or "cli"
+    return split_backend(str(param))[1]
+
+
+@pytest.fixture
+def slurm_cluster(request: pytest.FixtureRequest) -> LocalCluster:
+    """The session cluster this test runs on: ``local_cluster_2511`` for a ``NAME@25.11``
+    backend, else ``local_cluster``."""
+    name = "local_cluster_2511" if _series_of(request) == V2511 else "local_cluster"
+    cluster: LocalCluster = request.getfixturevalue(name)
+    return cluster
 
 
 @pytest.fixture(scope="session")
@@ -87,17 +162,32 @@ def reset(cluster: LocalCluster, ctl: CliSlurm) -> None:
 
 
 @pytest.fixture
-def slurm_ctl(local_cluster: LocalCluster) -> Iterator[CliSlurm]:
-    """The adapter for the session cluster, reset before and after the test."""
-    ctl = local_cluster.control()
-    reset(local_cluster, ctl)
+def slurm_ctl(slurm_cluster: LocalCluster) -> Iterator[CliSlurm]:
+    """The CLI adapter for the test's session cluster, reset before and after the test."""
+    ctl = slurm_cluster.control()
+    reset(slurm_cluster, ctl)
     yield ctl
-    reset(local_cluster, ctl)
+    reset(slurm_cluster, ctl)
+
+
+@pytest.fixture
+def rest_endpoint(request: pytest.FixtureRequest) -> restd.RestEndpoint:
+    """The slurmrestd of the test's session cluster (started on first use, stopped with the
+    cluster)."""
+    name = "rest_endpoint_2511" if _series_of(request) == V2511 else "rest_endpoint_2205"
+    endpoint: restd.RestEndpoint = request.getfixturevalue(name)
+    return endpoint
 
 
 @pytest.fixture(scope="session")
-def rest_endpoint(local_cluster: LocalCluster) -> restd.RestEndpoint:
-    """The session cluster's slurmrestd (started on first use, stopped with the cluster)."""
+def rest_endpoint_2511(local_cluster_2511: LocalCluster) -> restd.RestEndpoint:
+    """The 25.11 session cluster's slurmrestd (the build always has it and auth/jwt)."""
+    return local_cluster_2511.start_rest()
+
+
+@pytest.fixture(scope="session")
+def rest_endpoint_2205(local_cluster: LocalCluster) -> restd.RestEndpoint:
+    """The 22.05 session cluster's slurmrestd (started on first use, stopped with the cluster)."""
     missing = [p for p in ("slurmrestd",) if shutil.which(p) is None]
     if not restd.jwt_plugin_installed():
         missing.append("slurm-wlm-jwt-plugin")
@@ -113,8 +203,9 @@ def rest_endpoint(local_cluster: LocalCluster) -> restd.RestEndpoint:
 
 
 def rest_backend(endpoint: restd.RestEndpoint) -> RestSlurm:
-    """The REST backend as the contract tests use it: JWT for root over TCP."""
-    return RestSlurm(url=endpoint.url, token_file=endpoint.token_file, user=endpoint.user)
+    """The REST backend as the contract tests use it: JWT for root over TCP, speaking the
+    newest version the daemon offers (v0.0.38 on 22.05, v0.0.44 on 25.11)."""
+    return connect(url=endpoint.url, token_file=endpoint.token_file, user=endpoint.user)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -122,14 +213,28 @@ def slurm_backend(request: pytest.FixtureRequest, slurm_ctl: CliSlurm) -> Iterat
     """The backend under test (``cli`` or ``rest``) for the session cluster, which
     ``slurm_ctl`` resets around the test. A test marked ``writes(...)`` that needs a change
     this backend cannot make must fail with SlurmUnsupportedError (see expect_unsupported)."""
-    if request.param == "cli":
-        ctl: CliSlurm | RestSlurm = slurm_ctl
-    else:
-        ctl = rest_backend(request.getfixturevalue("rest_endpoint"))
+    ctl = backend_for(request, split_backend(request.param)[0], slurm_ctl)
     expect_unsupported(request, ctl)
     yield ctl
     if isinstance(ctl, RestSlurm):
         ctl.close()
+
+
+def backend_for(request: pytest.FixtureRequest, name: str, admin: CliSlurm) -> SlurmControl:
+    """Backend ``name`` for the test's session cluster: ``admin`` itself for cli, a REST
+    client of its slurmrestd, or pyslurm (which needs the cluster's conf in this process)."""
+    if name == "cli":
+        return admin
+    if name == "rest":
+        return rest_backend(request.getfixturevalue("rest_endpoint"))
+    from slurm.pyslurm_slurm import PySlurm, unavailable
+
+    why = unavailable()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"pyslurm tier: {why}")
+        pytest.skip(f"pyslurm tier: {why}")
+    return PySlurm(admin.conf_path)
 
 
 @pytest.fixture

@@ -160,7 +160,8 @@ def test_the_cli_backend_is_the_local_cluster_s_commands(
 def test_an_unknown_backend_is_refused_before_anything_starts(
     tmp_path: Path, fake_bringup: FakeBringUp
 ) -> None:
-    with pytest.raises(UsageError, match=r"Unknown Slurm backend 'grpc'\. Known: cli, rest"):
+    known = r"Unknown Slurm backend 'grpc'\. Known: cli, pyslurm, rest"
+    with pytest.raises(UsageError, match=known):
         bring_up(ClusterSpec(), tmp_path, lambda _: None, SlurmAccess("grpc"), {})
     assert fake_bringup.specs == []
 

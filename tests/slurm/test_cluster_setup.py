@@ -22,6 +22,7 @@ from slurm.cluster import (
     resolve_conf,
 )
 from slurm.conf import ClusterLayout, render_slurm_conf
+from slurm.install import SlurmInstall
 from slurm.munge import MungePaths, choose_home, traversable_by
 
 
@@ -89,6 +90,18 @@ def test_conf_has_the_settings_recovery_depends_on(tmp_path: Path) -> None:
     jwt = render_slurm_conf(replace(layout, jwt_key=tmp_path / "jwt" / "k")).splitlines()
     assert "AuthAltTypes=auth/jwt" in jwt
     assert f"AuthAltParameters=jwt_key={tmp_path}/jwt/k" in jwt
+    # Debian's 22.05 by default: named so, no expedited requeue, no Epilog.
+    assert "# recover-slurm: 22.05 system" in lines
+    assert not [ln for ln in lines if ln.startswith(("SlurmctldParameters", "Epilog"))]
+    built = SlurmInstall("25.11", tmp_path / "build")
+    fast = replace(layout, install=built, expedite=True, epilog=tmp_path / "epilog")
+    text = render_slurm_conf(fast).splitlines()
+    assert f"# recover-slurm: 25.11 {tmp_path}/build" in text
+    assert "SlurmctldParameters=enable_expedited_requeue" in text
+    assert f"Epilog={tmp_path}/epilog" in text
+    assert "ReturnToService=1" in text  # 2 would put an expedited job back on a DOWN node
+    with pytest.raises(UsageError, match=r"expedited requeue needs Slurm 25\.11"):
+        render_slurm_conf(replace(layout, expedite=True))
 
 
 def test_slurmrestd_moves_out_of_a_folder_nobody_cannot_reach(tmp_path: Path) -> None:

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import SlurmError
-from slurm.parse import expand_hostlist, number, parse_jobs, parse_nodes, split_state
+from slurm.parse import (
+    expand_hostlist,
+    job_state,
+    job_state_word,
+    number,
+    parse_jobs,
+    parse_nodes,
+    split_state,
+)
 
 SAMPLES = Path(__file__).parent / "samples"
 
@@ -124,3 +132,53 @@ def test_parse_errors_name_what_was_expected() -> None:
         parse_jobs(json.dumps({"nodes": []}))
     with pytest.raises(SlurmError, match="reported errors"):
         parse_nodes(json.dumps({"nodes": [], "errors": [{"error": "boom"}]}))
+
+
+# --- Slurm 25.11: real captures (scontrol show nodes --json, squeue --json --states=all) ----
+
+
+def test_scontrol_nodes_25_11_keeps_a_reason_only_while_the_node_is_out() -> None:
+    nodes = {n.name: n for n in parse_nodes(sample("scontrol-nodes-25.11.json"))}
+    assert list(nodes) == ["node1", "node2", "node3", "spare1"]
+    assert (nodes["node1"].state, nodes["node1"].reason) == ("DOWN", "recover: xid79 on gpu0")
+    assert nodes["node1"].reason_set_by == "root"
+    assert nodes["node2"].state == "ALLOCATED"
+    # node3 was drained, then resumed: 25.11 still lists the old reason; it is not reported.
+    assert (nodes["node3"].state, nodes["node3"].reason) == ("IDLE", "")
+    assert nodes["node3"].in_service
+    assert nodes["spare1"].drained
+    assert nodes["spare1"].reason == "recover: spare"
+    assert nodes["spare1"].partitions == ("main",)
+
+
+def test_squeue_25_11_reads_as_slurm_names_the_jobs() -> None:
+    jobs = {j.job_id: j for j in parse_jobs(sample("squeue-25.11.json"))}
+    # Requeued at once (expedited) when its node went DOWN: running elsewhere, restart 1.
+    assert (jobs["1"].state, jobs["1"].nodes, jobs["1"].restart_count) == ("RUNNING", ("node2",), 1)
+    assert "EXPEDITED_REQUEUE" in jobs["1"].flags
+    # Its script failed and no Epilog failed: held, holding no node, released by our requeue.
+    held = jobs["2"]
+    assert (held.state, held.nodes, held.exit_code) == ("REQUEUE_HOLD", (), 3)
+    assert held.active
+    assert "PENDING" in held.flags
+    assert jobs["3"].finished
+
+
+@pytest.mark.parametrize(
+    ("value", "state"),
+    [
+        (["FAILED", "COMPLETING"], "COMPLETING"),  # still holds its node, as 22.05 says
+        (["PENDING", "REQUEUED"], "PENDING"),
+        (["PENDING", "REQUEUE_HOLD"], "REQUEUE_HOLD"),
+        ("COMPLETING", "COMPLETING"),  # 22.05's one word
+    ],
+)
+def test_job_states_of_both_shapes_read_alike(value: object, state: str) -> None:
+    assert job_state(value)[0] == state
+
+
+@pytest.mark.parametrize(
+    ("word", "state"), [("REQUEUED", "PENDING"), ("CONFIGURING", "RUNNING"), ("FAILED", "FAILED")]
+)
+def test_pyslurms_one_word_becomes_a_state(word: str, state: str) -> None:
+    assert job_state_word(word)[0] == state

@@ -1,9 +1,10 @@
 """The SlurmControl contract, one set of cases for the fake and the real daemons.
 
 Each case runs against ``fake`` (tests/fakes/slurm.py: the fast tier, what the engine's unit
-tests stand on) and against the session's real cluster through ``cli`` and ``rest`` (marked
-``slurm``). A case says what someone else did (:meth:`Side.hold`, an admin's ``scontrol
-update``), then what our port does about it; the fake passes only if it does what the real
+tests stand on) and against the session's real clusters through ``cli`` and ``rest`` on
+22.05 and ``cli``, ``rest`` and ``pyslurm`` on 25.11 (marked ``slurm``). A case says what
+someone else did (:meth:`Side.hold`, an admin's ``scontrol update``), then what our port does
+about it; the fake passes only if it does what the real
 adapter does. On REST (Slurm 22.05: no node updates, no requeue) a case marked ``writes(...)``
 must fail with SlurmUnsupportedError and nothing else (tests/slurm/helpers.py).
 
@@ -25,7 +26,7 @@ from recovery.spares import SPARE_REASON
 from slurm.cli_slurm import CliSlurm
 from slurm.rest_slurm import RestSlurm
 from tests.fakes.slurm import FakeSlurm
-from tests.plugins.slurm_cluster import rest_backend
+from tests.plugins.slurm_cluster import BACKENDS, backend_for, split_backend
 from tests.slurm.helpers import LOOP, expect_unsupported, wait_for
 
 T = TypeVar("T")
@@ -104,23 +105,16 @@ class RealSide:
         return wait_for(probe, 15, what)
 
 
-@pytest.fixture(
-    params=[
-        "fake",
-        pytest.param("cli", marks=pytest.mark.slurm),
-        pytest.param("rest", marks=pytest.mark.slurm),
-    ]
-)
+@pytest.fixture(params=["fake", *(pytest.param(b, marks=pytest.mark.slurm) for b in BACKENDS)])
 def side(request: pytest.FixtureRequest) -> Iterator[Side]:
-    """The backend under test: the fake, or a real one on the session cluster."""
+    """The backend under test: the fake, or a real one on a session cluster (22.05, or the
+    25.11 build for ``NAME@25.11``)."""
     if request.param == "fake":
         yield FakeSide()
         return
     admin: CliSlurm = request.getfixturevalue("slurm_ctl")
     job_dir: Path = request.getfixturevalue("job_dir")
-    ctl: SlurmControl = admin
-    if request.param == "rest":
-        ctl = rest_backend(request.getfixturevalue("rest_endpoint"))
+    ctl = backend_for(request, split_backend(request.param)[0], admin)
     expect_unsupported(request, ctl)
     yield RealSide(ctl, admin, job_dir)
     if isinstance(ctl, RestSlurm):

@@ -4,8 +4,8 @@
 Between our read and our write Slurm may reach the wanted state by itself (a slurmd registers
 again and ReturnToService brings its node back; a job finishes). An action refused then
 re-reads and returns False; a refusal while the state still differs is raised. Each test runs
-on both backends (``backend``: cli, rest); what a backend cannot do on Slurm 22.05 must fail
-with SlurmUnsupportedError (``writes`` markers).
+on each backend (``backend``: cli, rest on 22.05's v0.0.38, rest@25.11 on v0.0.44); what a
+backend cannot do must fail with SlurmUnsupportedError (``writes`` markers).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from recovery.errors import SlurmRefusedError, SlurmUnavailableError
 from recovery.ports.slurm import JobInfo, NodeInfo
 from slurm.cli_slurm import CliSlurm
 from slurm.control import SlurmBase
-from slurm.rest_slurm import RestSlurm
+from slurm.rest_slurm import UNSUPPORTED, V38, V44, RestSlurm
 from tests.slurm.helpers import expect_unsupported
 
 DRAIN = frozenset({"DRAIN"})
@@ -73,10 +73,12 @@ class ScriptedCli(CliSlurm):
 
 class ScriptedRest(RestSlurm):
     """RestSlurm whose reads and requests follow a :class:`Script`; ``writes`` records each
-    request sent as (method, path, query)."""
+    request sent as (method, path, query). It speaks 22.05's v0.0.38."""
+
+    speaks = V38
 
     def __init__(self, script: Script) -> None:
-        super().__init__(socket="/nonexistent/slurmrestd.socket", env={})
+        super().__init__(socket="/nonexistent/slurmrestd.socket", env={}, version=self.speaks)
         self.script = script
         self.writes: list[Any] = []
 
@@ -99,13 +101,23 @@ class ScriptedRest(RestSlurm):
         return self.script.next_jobs()
 
 
+class ScriptedRest44(ScriptedRest):
+    """ScriptedRest speaking Slurm 25.11's v0.0.44 (node updates, batch-only signals)."""
+
+    speaks = V44
+    unsupported = UNSUPPORTED[V44]
+
+
 Scripted = ScriptedCli | ScriptedRest
+BACKEND_CLASSES: dict[str, type[Scripted]] = {
+    "cli": ScriptedCli, "rest": ScriptedRest, "rest@25.11": ScriptedRest44,
+}  # fmt: skip
 
 
-@pytest.fixture(params=["cli", "rest"])
+@pytest.fixture(params=list(BACKEND_CLASSES))
 def scripted(request: pytest.FixtureRequest) -> Callable[[Script], Scripted]:
     """Build the backend under test on a script (applies the ``writes`` marker's rule)."""
-    cls = ScriptedCli if request.param == "cli" else ScriptedRest
+    cls = BACKEND_CLASSES[request.param]
     expect_unsupported(request, cls)  # its class says what it cannot do
 
     def make(script: Script) -> Scripted:
@@ -279,6 +291,7 @@ def test_requeue_of_a_pending_job_sends_nothing(scripted: Callable[[Script], Scr
 SIGNAL_REQUEST: dict[type[SlurmBase], Any] = {
     ScriptedCli: [["scancel", "--signal=USR1", "--batch", "7"]],
     ScriptedRest: [("DELETE", "/job/7", {"signal": "USR1"})],
+    ScriptedRest44: [("DELETE", "/job/7", {"signal": "USR1", "flags": "BATCH_JOB"})],
 }
 
 

@@ -14,7 +14,6 @@ import pytest
 
 from recovery.errors import SlurmRefusedError, SlurmUnavailableError, SlurmUnsupportedError
 from recovery.ports.slurm import BatchJob
-from slurm import rest_slurm
 from slurm.cli_slurm import CliSlurm
 from slurm.rest_parse import token_expiry
 from slurm.rest_slurm import RestSlurm
@@ -95,7 +94,8 @@ def test_an_expired_token_is_a_verdict(
 def test_a_plugin_version_the_daemon_lacks_names_those_it_has(
     rest: RestSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(rest_slurm, "API", "/slurm/v0.0.99")
+    rest.negotiate()
+    monkeypatch.setattr(rest, "_version", "v0.0.99")
     with pytest.raises(SlurmUnsupportedError, match=r"it offers v0\.0\.38 \(from /openapi/v3\)"):
         rest.nodes()
 

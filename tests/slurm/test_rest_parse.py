@@ -153,3 +153,31 @@ def test_token_expiry_is_read_without_the_key() -> None:
     assert token_expiry(jwt({"sun": "root"})) is None
     assert token_expiry("bad") is None
     assert token_expiry("a.!!!.c") is None
+
+
+# --- Slurm 25.11's slurmrestd (v0.0.44): real captures in samples/rest-25.11/ ---------------
+
+SAMPLES_2511 = Path(__file__).parent / "samples" / "rest-25.11"
+
+
+def test_v0_0_44_replies_parse_like_the_cli() -> None:
+    nodes = {n.name: n for n in parse_nodes((SAMPLES_2511 / "nodes.json").read_text())}
+    assert nodes["node1"].down
+    assert nodes["node3"].reason == ""  # resumed: the old reason is not reported
+    jobs = {j.job_id: j for j in parse_jobs((SAMPLES_2511 / "jobs.json").read_text())}
+    assert jobs["2"].state == "REQUEUE_HOLD"
+
+
+def test_v0_0_44_is_offered_with_node_updates_and_no_requeue() -> None:
+    doc = (SAMPLES_2511 / "openapi-paths.json").read_text()
+    assert offered_versions(doc)[-1] == "v0.0.44"
+    assert has_operation(doc, "/slurm/v0.0.44/nodes/", "post")
+    assert has_operation(doc, "/slurm/v0.0.44/node/{node_name}", "post")
+    assert not [p for p in load_reply(doc)["paths"] if "requeue" in p]  # type: ignore[index]
+
+
+def test_a_refused_v0_0_44_node_update_is_a_verdict() -> None:
+    text = (SAMPLES_2511 / "update-unknown-node.json").read_text()
+    error = classify("POST nodes", 500, text, version="v0.0.44")
+    assert isinstance(error, SlurmRefusedError)
+    assert "Invalid node name specified: Failure to update node nodeX (errno 2018)" in str(error)

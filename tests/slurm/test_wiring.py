@@ -125,7 +125,9 @@ def test_promote_retire_status_and_sbatch_reach_the_cluster_named_by_slurm_conf(
 
 
 def test_an_unknown_backend_names_the_valid_ones(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match=r"Unknown Slurm backend 'grpc'\. Known: cli, rest"):
+    with pytest.raises(
+        UsageError, match=r"Unknown Slurm backend 'grpc'\. Known: cli, pyslurm, rest"
+    ):
         wiring.slurm_control(None, tmp_path, {}, wiring.SlurmAccess(backend="grpc"))
     with pytest.raises(UsageError, match=r"Unknown Slurm backend 'REST'"):
         wiring.slurm_control(None, tmp_path, {"RECOVER_SLURM_BACKEND": "REST"})
@@ -183,4 +185,4 @@ def test_the_coordinator_refuses_an_unknown_backend_before_serving(
 ) -> None:
     argv = ["coordinator", "serve", "--state-dir", str(tmp_path), "--slurm-backend", "grpc"]
     assert main([*argv, "--slurm-conf", "/nonexistent.conf"]) == 2
-    assert "Unknown Slurm backend 'grpc'. Known: cli, rest" in capsys.readouterr().err
+    assert "Unknown Slurm backend 'grpc'. Known: cli, pyslurm, rest" in capsys.readouterr().err
