@@ -8,8 +8,12 @@ coordinator started in the background, and the local node agents.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
+import random
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -73,23 +77,69 @@ def reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct TCP ports on ``host`` that were free a moment ago.
+#: Where every process of this toolkit on the machine records the ports it handed out (see
+#: :func:`free_ports`); a JSON object port -> unix time, guarded by an flock on the file. Not
+#: under /tmp, where another user could plant it; a user other than root keeps their own.
+PORT_CLAIMS = Path(
+    os.environ.get("RECOVER_PORT_CLAIMS")
+    or (
+        "/run/slurm-k8s-recover-ports.json"
+        if os.geteuid() == 0
+        else str(Path.home() / ".cache" / "slurm-k8s-recover-ports.json")
+    )
+)
+#: How long a handed-out port stays reserved for the daemon it was chosen for, in seconds:
+#: far longer than a daemon takes to bind it; once bound, the bind test keeps it off limits.
+CLAIM_TTL_S = 300.0
+#: Ports below the kernel's ephemeral range, so no connect() or bind(0) anywhere on the
+#: machine is handed one of ours between our choice and the daemon's bind.
+_LOW, _HIGH = 20000, 32000
 
-    All sockets stay open until every port is chosen, so none is handed out twice; another
-    program may still take one before the daemon binds it (callers that start daemons on them
-    retry, or fail naming the port).
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports on ``host``, free now and reserved for a few minutes.
+
+    Two test workers starting clusters at once used to be handed the same port by the
+    kernel (each bound port 0, closed it, and started a daemon on it later): one cluster's
+    clients then talked to the other's slurmctld. Ports now come from below the ephemeral
+    range (20000-31999), each free when tested and recorded in :data:`PORT_CLAIMS` under an
+    exclusive lock, so no other caller of this function gets it for :data:`CLAIM_TTL_S` s.
+    Raises OSError when ``count`` free ports cannot be found.
     """
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            s.bind((host, 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    PORT_CLAIMS.parent.mkdir(parents=True, exist_ok=True)
+    PORT_CLAIMS.touch(exist_ok=True)
+    with PORT_CLAIMS.open("r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        now = time.time()
+        try:
+            raw = json.loads(f.read() or "{}")
+            claims = {int(k): float(v) for k, v in raw.items() if now - float(v) < CLAIM_TTL_S}
+        except (ValueError, TypeError, AttributeError):
+            claims = {}  # a torn or foreign file: start over, the bind test still guards
+        chosen: list[int] = []
+        candidates = list(range(_LOW, _HIGH))
+        random.shuffle(candidates)
+        for port in candidates:
+            if len(chosen) == count:
+                break
+            if port not in claims and _bindable(host, port):
+                chosen.append(port)
+                claims[port] = now
+        if len(chosen) < count:
+            raise OSError(f"found only {len(chosen)} of {count} free ports in {_LOW}-{_HIGH}")
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps({str(k): v for k, v in claims.items()}))
+        return chosen
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def log_tail(path: Path, lines: int = 15) -> str:

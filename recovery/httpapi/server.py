@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +13,7 @@ from types import FrameType, TracebackType
 import uvicorn
 from fastapi import FastAPI
 
+from recovery import proc
 from recovery.errors import RecoverError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -93,10 +93,9 @@ def serve(
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
-    """A TCP port on ``host`` that was free a moment ago (for tests and benchmarks)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port on ``host``, free now and reserved for a few minutes against every other
+    caller on this machine (:func:`recovery.proc.free_ports`)."""
+    return proc.free_ports(1, host)[0]
 
 
 class ServerThread:

@@ -21,7 +21,8 @@ def test_recover_demo_ends_with_the_cost_of_the_failure(demo_run: DemoRun) -> No
     done, out = demo_run.done, demo_run.out
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout
-    assert "cluster up: nodes node1, node2, node3, node4; spares spare1" in text
+    assert "cluster up on Slurm 22.05" in text
+    assert ": nodes node1, node2, node3, node4; spares spare1" in text
     assert "injected xid79 on node" in text
     assert "scenario xid79: PASSED" in text
     assert "ok   digest_matches_control" in text
