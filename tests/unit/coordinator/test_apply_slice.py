@@ -24,7 +24,10 @@ class SlowSlurm(FakeSlurm):
     """Every call takes ``latency_s`` on ``clock``; ``after_resume`` runs after each resume."""
 
     def __init__(self, clock: FakeClock, latency_s: float) -> None:
-        super().__init__(NODES, SPARES, latency_s=latency_s, sleep=clock.advance)
+        def pass_time(seconds: float) -> None:
+            clock.advance(seconds)
+
+        super().__init__(NODES, SPARES, latency_s=latency_s, sleep=pass_time)
         self.after_resume: Callable[[str], None] = lambda _node: None
 
     def resume(self, node: str, *, force: bool = False) -> bool:
