@@ -33,7 +33,8 @@ exec "{real}" "$@"
 """
 #: GPUs per simulated node (the agents run with ``--simulated-gpus 8``).
 GPUS = 8
-#: slurmctld's log line for a node it set DOWN (22.05 and 25.11, ``LogTimeFormat`` default).
+#: slurmctld's log line for a node it set DOWN, at the default ``LogTimeFormat`` (seen on 22.05;
+#: 25.11.7's src/slurmctld/node_mgr.c writes the same line).
 _DOWN = re.compile(r"^\[([0-9T:.-]+)\] update_node: node (\S+) state set to DOWN\s*$")
 #: Any change slurmctld logs for a node at our request.
 _UPDATE = re.compile(r"^\[[0-9T:.-]+\] update_node: node (\S+) ")

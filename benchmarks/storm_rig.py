@@ -124,6 +124,7 @@ class StormResult:
 
 
 def load_average() -> tuple[float, float, float]:
+    """The machine's load average over 1, 5 and 15 minutes."""
     a, b, c = os.getloadavg()
     return (round(a, 2), round(b, 2), round(c, 2))
 
@@ -243,6 +244,7 @@ class Rig:
         return list(info.nodes + info.spares)
 
     def spares(self) -> list[str]:
+        """The cluster's spares."""
         info = self.cluster.info()
         assert info is not None
         return list(info.spares)
