@@ -50,7 +50,7 @@ from recovery.ports.slurm import JobInfo, NodeInfo, SlurmControl
 from recovery.statedir import TOKENS_FILE, Endpoint
 from recovery.supervise import agents as agents_proc
 from recovery.supervise import coordinator as coordinator_proc
-from slurm import procs
+from slurm import procs, rest_slurm
 from slurm.cluster import LocalCluster
 
 #: The fault every node of the storm reports: the GPU fell off the bus (verdict: replace).
@@ -224,12 +224,10 @@ class Rig:
         if self.opts.backend != "rest":
             return args
         rest = self.cluster.start_rest()
-        probe = wiring.rest_control(
-            wiring.SlurmAccess("rest", rest.url, str(rest.token_file), rest.user),
-            self.state,
-            os.environ,
-        )
-        if "down_many" in getattr(probe, "unsupported", frozenset()):
+        # Asked of the daemon itself: which API version it speaks decides what it can do.
+        probe = rest_slurm.connect(url=rest.url, token_file=rest.token_file, user=rest.user)
+        probe.close()
+        if "down_many" in probe.unsupported:
             raise UsageError(
                 "the rest backend cannot set nodes DOWN on this Slurm (its slurmrestd has no "
                 "node update; Slurm 25.11's has); use --backend cli"

@@ -161,7 +161,7 @@ def test_summary_takes_the_nearest_rank_p99() -> None:
     [
         (StormOptions(nodes=8, faulted=9), "--faulted 9: expected 1 to 8"),
         (StormOptions(nodes=8, faulted=2, agents=3), "--agents 3: expected 0 to 2"),
-        (StormOptions(backend="carrier-pigeon"), "Known: cli, rest"),
+        (StormOptions(backend="carrier-pigeon"), "Known: cli, "),
     ],
 )
 def test_options_that_cannot_run_say_what_is_valid(opts: StormOptions, named: str) -> None:
