@@ -116,10 +116,14 @@ def inject(
 
 
 def settled(journal: Journal) -> bool:
-    """Every event decided and no take-down left to apply (held ones stay held)."""
+    """Every event decided and no take-down or promotion left to apply: held ones stay held,
+    and a promotion tried once without a spare stays waiting."""
     if journal.undecided():
         return False
-    return not any(isinstance(r.action, TakeDown) for r in journal.pending_actions())
+    return not any(
+        isinstance(r.action, TakeDown | PromoteSpare) and r.status == ActionStatus.planned
+        for r in journal.pending_actions()
+    )
 
 
 def wait_until(done: Callable[[], bool], deadline: float, every_s: float = 0.1) -> bool:

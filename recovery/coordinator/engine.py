@@ -68,8 +68,10 @@ class EngineSettings:
     tick_s: float = 0.5
     command_timeout_s: float = 30.0
     suspect_after_s: float = 20.0
-    apply_slice_s: float = 0.2
-    """Seconds of single actions per step before new events are decided again."""
+    apply_slice_s: float = 2.0
+    """Seconds of single actions (promotions, requeues) per step at most, so that the
+    reconcile tick still runs during a long run of them. Events or commands arriving cut them
+    short at once: those are decided first (the first single action of a step always runs)."""
     decide_batch: int = 100
     """Decisions committed together (one fsync); Slurm is acted on only after the commit."""
     executor: ExecutorSettings = field(default_factory=ExecutorSettings)
@@ -225,13 +227,16 @@ class Engine:
 
     def step(self) -> None:
         """One turn of the worker: commands, new events, actions, reconcile."""
+        # Whatever is committed from here on wakes the worker again (and makes the single
+        # actions below give way); what was committed before, this step decides.
+        self._wake.clear()
         self._run_commands()
         self._refresh()
         self.decide_pending()
-        # Single actions (promotions, requeues) yield after a while to the next step, which
-        # decides what arrived meanwhile first: a storm's decisions never wait behind them.
-        deadline = self._clock.now().mono + self._settings.apply_slice_s
-        if self._executor.run_pending(deadline).cut_short:
+        # Single actions (promotions, requeues) give way to the next step as soon as events
+        # or commands arrive, so that those are decided first: a storm's decisions never wait
+        # behind them. Without news they go on, for at most apply_slice_s.
+        if self._executor.run_pending(self._settings.apply_slice_s, self._wake.is_set).cut_short:
             self._wake.set()  # more to apply: straight into the next step
             return
         self.reconcile()

@@ -29,9 +29,11 @@ from slurm.munge import MungePaths, choose_home, traversable_by
 def test_node_names() -> None:
     assert node_names(3, 1) == (("node1", "node2", "node3"), ("spare1",))
     assert node_names(1, 0) == (("node1",), ())
+    nodes, spares = node_names(512, 64)
+    assert (nodes[-1], spares[-1]) == ("node512", "spare64")
 
 
-@pytest.mark.parametrize(("nodes", "spares"), [(0, 1), (65, 0), (2, -1), (2, 17)])
+@pytest.mark.parametrize(("nodes", "spares"), [(0, 1), (513, 0), (2, -1), (2, 65)])
 def test_node_counts_out_of_range(nodes: int, spares: int) -> None:
     with pytest.raises(UsageError, match="expected"):
         node_names(nodes, spares)
