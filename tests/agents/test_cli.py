@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agents.cli import app, parse_buses, parse_file
+from agents.cli import app, parse_buses
+from agents.logfile import parse_file
 from recovery.errors import UsageError
 from recovery.model import HealthEvent
 
