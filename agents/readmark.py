@@ -42,7 +42,8 @@ class Mark:
 
 class MarkFile:
     """One source's saved mark. :meth:`note` the mark of each line as its event settles;
-    :meth:`save` writes the newest one noted, if it changed (thread-safe)."""
+    :meth:`save` writes the newest one noted, if it changed (thread-safe). :meth:`hold` stops
+    it where it is: an event that could not be spooled must be read again after a restart."""
 
     def __init__(self, path: Path, log: Log = print) -> None:
         self.path = path
@@ -50,6 +51,7 @@ class MarkFile:
         self._lock = threading.Lock()
         self._noted: Mark | None = None
         self._saved: Mark | None = None
+        self._held = False
 
     def load(self, boot_id: str) -> Mark | None:
         """The saved mark when it belongs to boot ``boot_id``; None when there is none, it is
@@ -69,9 +71,23 @@ class MarkFile:
         return mark
 
     def note(self, mark: Mark) -> None:
-        """Remember ``mark`` as the newest settled place (nothing is written yet)."""
+        """Remember ``mark`` as the newest settled place (nothing is written yet); ignored
+        once the mark is held."""
         with self._lock:
-            self._noted = mark
+            if not self._held:
+                self._noted = mark
+
+    def hold(self) -> None:
+        """Keep the mark before the line whose event could not be spooled, until the agent
+        restarts (which reads that line again)."""
+        with self._lock:
+            if self._held:
+                return
+            self._held = True
+        self._log(
+            f"agent: an event could not be spooled; the read mark {self.path.name} stays where "
+            "it is, so a restart reads its line again"
+        )
 
     def save(self) -> bool:
         """Write the newest noted mark if it is not the one on disk; True when written.

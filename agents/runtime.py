@@ -57,8 +57,8 @@ from recovery.ports.clock import Clock, SystemClock
 from recovery.train.workload import DEFAULT_DIR, any_registered
 
 Log = Callable[[str], None]
-#: A queued event, the Event to set once it is settled, and what to call then.
-_Item = tuple[HealthEvent, threading.Event | None, Callable[[], None] | None]
+#: A queued event, the Event to set once it is settled, and the read mark of its line.
+_Item = tuple[HealthEvent, threading.Event | None, tuple[MarkFile, Mark] | None]
 SOURCES = ("inject", "journald", "kmsg", "nvml", "tpu")
 DEFAULT_SOURCES = ("nvml", "kmsg", "inject")
 AGENT_VERSION = "0.1.0"
@@ -157,7 +157,7 @@ class Agent:
     def emit_marked(self, marks: MarkFile, event: HealthEvent, mark: Mark) -> None:
         """Hand ``event`` to the pipeline; once it is spooled (or folded), ``mark`` (where its
         line lies in the kernel log) is noted in ``marks`` to be saved (thread-safe)."""
-        self._queue.put((event, None, lambda: marks.note(mark)))
+        self._queue.put((event, None, (marks, mark)))
 
     def submit(self, event: HealthEvent, timeout_s: float | None = None) -> bool:
         """Hand ``event`` to the pipeline (thread-safe). With ``timeout_s``, wait until it is
@@ -211,10 +211,14 @@ class Agent:
                 self._save_marks()
 
     def _settle(self, item: _Item) -> None:
-        event, done, noted = item
-        self._spool(self.dedup.offer(event))
-        if noted is not None:
-            noted()
+        event, done, marked = item
+        spooled = self._spool(self.dedup.offer(event))
+        if marked is not None:
+            marks, mark = marked
+            if spooled:
+                marks.note(mark)
+            else:  # its line must be read again after a restart
+                marks.hold()
         if done is not None:
             done.set()
 
@@ -235,15 +239,20 @@ class Agent:
             except OSError as e:  # the next burst tries again; a restart re-reads a little
                 self.log(f"agent: cannot save the read mark {marks.path}: {e}")
 
-    def _spool(self, events: list[HealthEvent]) -> None:
+    def _spool(self, events: list[HealthEvent]) -> bool:
+        """Spool ``events``; False when one of them is not on disk (the spool is full or the
+        disk failed: said, and detection goes on)."""
         if not events:
-            return
+            return True
+        ok = True
         for event in events:
             try:
-                self.spool.put(event)
-            except OSError as e:  # disk full or read-only: say so, keep detecting
+                ok = self.spool.put(event) and ok
+            except OSError as e:
                 self.log(f"agent: cannot spool {event.id} ({event.fault}): {e}")
+                ok = False
         self._wake.set()
+        return ok
 
     def _last_delivery(self) -> None:
         try:

@@ -9,7 +9,8 @@ Reads ``$FAKE_JOURNAL`` (one JSON entry per line; the test appends to follow) an
 (an unknown cursor fails as the real one does: a message on stderr and status 1),
 ``--no-pager``. With ``-f`` and no ``-n``/cursor it starts with the last 10 entries, like the
 real one. Entries without ``__CURSOR`` get ``s=fake;i=<index>``. Every start is appended to
-``$FAKE_JOURNAL.starts`` (its pid and arguments), so tests can see how it was called.
+``$FAKE_JOURNAL.starts`` (its pid and arguments), so tests can see how it was called. Unlike
+the real one (which notices only at its next write), it exits as soon as its parent is gone.
 """
 
 from __future__ import annotations
@@ -94,11 +95,14 @@ def main(argv: list[str]) -> int:
     elif lines is None and follow:
         entries = entries[-10:]
     prefix = "\x1e" if output == "json-seq" else ""
+    parent = os.getppid()
     while True:
         for entry in entries:
             sys.stdout.write(prefix + json.dumps(entry) + "\n")
         sys.stdout.flush()
         if not follow:
+            return 0
+        if os.getppid() != parent:  # the agent died without stopping us: do not linger
             return 0
         time.sleep(0.02)
         entries, offset = _entries(path, boot, kernel, offset)
