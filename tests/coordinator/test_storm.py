@@ -25,7 +25,10 @@ from agents.ids import read_boot_id
 from agents.inject import simulated_bus
 from agents.kmsg import kmsg_event_id, parse_line
 from recovery import proc
+from recovery.journaldb.journal import SqliteJournal
+from recovery.ports.clock import SystemClock
 from recovery.ports.slurm import BatchJob
+from recovery.statedir import JOURNAL_FILE
 from recovery.supervise import agents as agents_proc
 from recovery.supervise import coordinator as coordinator_proc
 from slurm import procs
@@ -120,18 +123,18 @@ def storm(storm_cluster: LocalCluster, tmp_path: Path) -> Iterator[Coordinator]:
 
 
 def decisions(c: Coordinator, ids_by_node: dict[str, list[str]]) -> list[dict[str, Any]]:
-    """The decision on each event id, or [] while one is missing. Each call reads the whole
-    journal, so the last id of every node is asked first: the engine decides a node's events
-    in the order they came."""
-
-    def decision(eid: str) -> dict[str, Any] | None:
-        found: dict[str, Any] | None = c.client.get(f"/v1/events/{eid}/decision")["decision"]
-        return found
-
-    if any(decision(ids[-1]) is None for ids in ids_by_node.values()):
+    """The coordinator's decision on each event id (read from its journal, as a second
+    reader: one query, where the API's per-event lookup reads the whole journal each time),
+    or [] while one is missing."""
+    journal = SqliteJournal(c.state_dir / JOURNAL_FILE, SystemClock(), checkpoint_every_s=None)
+    try:
+        decided = {s.event.id: d for s, d in journal.history() if d is not None}
+    finally:
+        journal.close()
+    wanted = [i for ids in ids_by_node.values() for i in ids]
+    if not all(i in decided for i in wanted):
         return []
-    out = [decision(eid) for ids in ids_by_node.values() for eid in ids]
-    return [d for d in out if d is not None] if all(out) else []
+    return [decided[i].to_json() for i in wanted]
 
 
 def lines_now(ids_by_node: dict[str, list[str]]) -> dict[str, list[str]]:
