@@ -1,10 +1,14 @@
 """Follow the kernel log (``/dev/kmsg`` or a plain file) and turn new fault lines into events.
 
-Where reading starts (``from_start``, ``resume``): by default at the start of this boot's log
-(``/dev/kmsg`` holds it from the boot's first record, unless the ring buffer has overwritten
-the oldest; a plain file from its start), skipping what a previous run already reported
-(:class:`agents.readmark.Mark`, same boot only), so a fault logged before the agent started
-is reported once, and a restart reports nothing twice. ``from_start=False`` starts at the end.
+Where reading starts (``from_start``, ``resume``): by default at the start of this boot's log,
+skipping what a previous run already reported (:class:`agents.readmark.Mark`), so a fault
+logged before the agent started is reported once, and a restart reports nothing twice.
+``/dev/kmsg`` holds the boot from its first record (unless the ring buffer has overwritten the
+oldest), and its mark counts only in the boot it was made in. A plain file (a syslog file
+such as ``kern.log``) may span several boots: its mark counts in any boot while the file is
+the same one, and on a first read from its start the faults before the last boot banner
+(``Linux version ...``) are earlier boots' history and are skipped (one log line says how
+many). ``from_start=False`` starts at the end.
 
 A plain file may be truncated (``copytruncate``) or replaced (rotation): both are noticed on
 the next poll, and a replaced file is read to its end before the new one is opened.
@@ -23,6 +27,7 @@ from typing import BinaryIO
 
 from agents.faultline import XID_TEXT, append_fault_line, format_fault_line
 from agents.kmsg import KernelFault, KernelLogParser, to_event
+from agents.logform import read_line
 from agents.readmark import Mark
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock
@@ -84,6 +89,7 @@ class KmsgFollower:
     _started: bool = field(default=False, init=False, repr=False)
     _parser: KernelLogParser = field(default_factory=KernelLogParser, init=False, repr=False)
     _first_record: bool = field(default=True, init=False, repr=False)
+    _history: bool = field(default=False, init=False, repr=False)
 
     def poll(self) -> list[HealthEvent]:
         """Everything complete that was appended since the last poll, parsed into events.
@@ -143,12 +149,13 @@ class KmsgFollower:
             cur.offset = stream.seek(0, os.SEEK_END)
         elif not char:
             cur.offset = stream.seek(self._resume_offset(st))
+            self._history = cur.offset == 0  # a first read: earlier boots may be in it
         return cur
 
     def _resume_offset(self, st: os.stat_result) -> int:
-        """Where a previous run of this boot stopped in this very file (0: its start)."""
+        """Where a previous run stopped in this very file, in any boot (0: its start)."""
         mark = self.resume
-        if mark is None or mark.boot_id != self.boot_id or mark.offset is None:
+        if mark is None or mark.offset is None:
             return 0
         if (mark.dev, mark.ino) != (st.st_dev, st.st_ino) or mark.offset > st.st_size:
             return 0  # another file, or this one was truncated since
@@ -225,11 +232,22 @@ class KmsgFollower:
             )
 
     def _events(self, lines: list[_Line], cur: _Open) -> list[tuple[HealthEvent, Mark]]:
-        out = []
+        out: list[tuple[HealthEvent, Mark]] = []
         now = self.clock.now().wall
+        earlier = 0  # faults of earlier boots skipped
         for raw, where in lines:
-            for fault in self._parser.feed(raw.decode("utf-8", errors="replace")):
+            text = raw.decode("utf-8", errors="replace")
+            if self._history and _BANNER in raw and is_boot_banner(text):
+                earlier += len(out)
+                out.clear()  # what came before this boot's first line is history
+            for fault in self._parser.feed(text):
                 out.append((self._event(fault, now), self._mark(cur, where)))
+        if self._history and earlier:
+            self.log(
+                f"kmsg: skipped {earlier} fault line(s) of earlier boots in {self.path} "
+                "(before its last 'Linux version' line)"
+            )
+        self._history = False
         return out
 
     def _event(self, fault: KernelFault, now: float) -> HealthEvent:
@@ -246,6 +264,16 @@ class KmsgFollower:
         if cur.is_char_device:
             return Mark(self.boot_id, seq=where if where >= 0 else None)
         return Mark(self.boot_id, dev=cur.dev, ino=cur.ino, offset=where)
+
+
+_BANNER = b"Linux version "
+
+
+def is_boot_banner(line: str) -> bool:
+    """True for the kernel's first line of a boot (``Linux version ...``), in any
+    presentation."""
+    record = read_line(line)
+    return record.kernel and record.text.startswith("Linux version ")
 
 
 def _record_seq(line: bytes) -> int | None:

@@ -14,7 +14,7 @@ import pytest
 
 from agents.busid import bus_map
 from agents.follow import DEV_KMSG, KmsgFollower, append_fault_line, format_fault_line
-from agents.kmsg import parse_line
+from agents.kmsg import kmsg_event_id, parse_line
 from agents.readmark import Mark
 from recovery.model import HealthEvent
 from recovery.ports.clock import FakeClock
@@ -83,21 +83,42 @@ def test_each_event_comes_with_the_mark_of_its_line(tmp_path: Path, make: Make) 
     assert m95.offset == st.st_size
 
 
-def test_a_restart_resumes_after_the_mark_of_the_same_boot_and_file(
+def test_a_restart_resumes_after_the_mark_while_the_file_is_the_same(
     tmp_path: Path, make: Make
 ) -> None:
     log = tmp_path / "kmsg"
     log.write_text(XID79 + XID95)
     (_, first), _ = make(log).poll_marked()
     assert [e.fault for e in make(log, resume=first).poll()] == ["xid95"]
+    # A file outlives a reboot (kern.log): what was read of it in the last boot stays read.
     other_boot = Mark("b0", dev=first.dev, ino=first.ino, offset=first.offset)
-    assert len(make(log, resume=other_boot).poll()) == 2  # a new boot: the log is new
+    assert [e.fault for e in make(log, resume=other_boot).poll()] == ["xid95"]
     other_file = Mark("b1", dev=first.dev, ino=(first.ino or 0) + 1, offset=first.offset)
     assert len(make(log, resume=other_file).poll()) == 2
     log.write_text(XID95)  # truncated and rewritten: shorter than the mark
     assert first.offset is not None
     assert first.offset > len(XID95)
     assert [e.fault for e in make(log, resume=first).poll()] == ["xid95"]
+
+
+def test_a_first_read_skips_the_faults_of_earlier_boots_in_a_syslog_file(
+    tmp_path: Path, make: Make, logs: list[str]
+) -> None:
+    log = tmp_path / "kern.log"
+    boot = "Dec  1 {} gpu-n3 kernel: [    0.000000] Linux version 6.1.0-18-amd64 (debian)\n"
+    xid = "Dec  1 {} gpu-n3 kernel: [ {:.6f}] " + XID79
+    log.write_text(boot.format("01:00:00") + xid.format("03:00:00", 7200.0)
+                   + xid.format("03:00:01", 7201.0) + boot.format("05:00:00")
+                   + xid.format("06:00:00", 3600.0))  # fmt: skip
+    f = make(log)
+    (event,) = f.poll()  # this boot's fault only
+    this_boot = parse_line(xid.format("06:00:00", 3600.0))
+    assert this_boot is not None
+    assert event.id == kmsg_event_id("gpu-n3", "b1", this_boot)
+    assert any("skipped 2 fault line(s) of earlier boots" in line for line in logs)
+    with log.open("a") as out:  # later lines of this boot are news
+        out.write(xid.format("07:00:00", 7200.0))
+    assert len(f.poll()) == 1
 
 
 def test_a_partial_line_waits_for_its_end(tmp_path: Path, make: Make) -> None:
