@@ -60,6 +60,7 @@ _TS = (
     r"|\d{9,11}\.\d+)"  # short-unix
 )
 #: (name, pattern) of each prefix layer; the first that matches the text's start is peeled.
+#: (:data:`_FIRST` says which characters each may start with, so most are never tried.)
 _LAYERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("container", re.compile(r"^\d{4}-\d\d-\d\dT\S+ (?:stdout|stderr) [FP] ")),
     ("<prio>", re.compile(r"^<(?P<prio>\d{1,4})>")),
@@ -92,6 +93,17 @@ _LAYERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
 )
 _MAX_LAYERS = 8
+_DIGITS = frozenset("0123456789")
+_FIRST: dict[str, frozenset[str] | None] = {
+    "container": _DIGITS,
+    "<prio>": frozenset("<"),
+    "facility:level": frozenset("kumdaslncfr"),
+    "[seconds]": frozenset("["),
+    "[time]": frozenset("["),
+    "iso-time": _DIGITS,
+    "rfc5424": _DIGITS,
+    "syslog": None,  # a month, a weekday, a year, a host or the tag itself
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +164,11 @@ def read_line(line: str) -> Record:
     for _ in range(_MAX_LAYERS):
         if anchored(text):
             break
+        first = text[:1]
         for name, pattern in _LAYERS:
+            starts = _FIRST[name]
+            if starts is not None and first not in starts:
+                continue
             lm = pattern.match(text)
             if lm is None or lm.end() == 0:
                 continue

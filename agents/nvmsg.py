@@ -81,7 +81,7 @@ _ANY_GPU_BUS = re.compile(rf"\bGPU (?:at )?(?P<bus>{BUS_ID})\b")
 JOIN_WINDOW = 6
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DriverFault:
     """What one driver message reports. ``bus`` is in NVML's form (None when the message
     names no device); ``text`` is the driver's words after the number and pid/name;
