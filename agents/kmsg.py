@@ -20,7 +20,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agents.busid import bus_map, kernel_bus_id, nvml_bus_id
 from agents.ids import event_id
@@ -51,8 +51,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class KernelFault:
+class KernelFault(NamedTuple):
     """One fault, as the kernel wrote it.
 
     ``bus_id`` is in NVML's form (``00000000:3B:00.0``; None when the message names no

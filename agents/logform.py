@@ -34,8 +34,7 @@ import json
 import re
 import struct
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Where a driver's own message starts: what a kernel message we care about begins with.
 ANCHORS = ("NVRM:", "nvidia-nvswitch")
@@ -106,8 +105,7 @@ _FIRST: dict[str, frozenset[str] | None] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     """One kernel-log message as a presentation carried it.
 
     ``text`` is the message (several lines joined by ``\\n`` when the record holds them);
@@ -162,31 +160,44 @@ def read_line(line: str) -> Record:
         return Record(text, True, "kmsg", int(m["seq"]), int(m["ts"]) / 1e6, raw=line)
     text, names, kernel, ts = line, [], False, None
     for _ in range(_MAX_LAYERS):
-        if anchored(text):
+        if text.startswith(ANCHORS):
             break
-        first = text[:1]
-        for name, pattern in _LAYERS:
-            starts = _FIRST[name]
-            if starts is not None and first not in starts:
-                continue
-            lm = pattern.match(text)
-            if lm is None or lm.end() == 0:
-                continue
-            groups = lm.groupdict()
-            if groups.get("ts") is not None and ts is None:
-                ts = float(groups["ts"])
-            tag = groups.get("tag")
-            rest = text[lm.end() :]
-            if tag is not None and tag != "kernel":
-                rest = f"{tag}: {rest}"  # the driver's prefix, taken for a program's name
-            kernel = kernel or name in ("<prio>", "facility:level", "[seconds]") or tag is not None
-            names.append(name)
-            text = rest
+        peeled = _peel(text)
+        if peeled is None:
             break
-        else:
-            break
+        name, text, stamp, proof = peeled
+        names.append(name)
+        ts = stamp if ts is None else ts
+        kernel = kernel or proof
     form = "+".join(names) or "plain"
-    return Record(text, kernel or anchored(text), form, None, ts, raw=line)
+    return Record(text, kernel or text.startswith(ANCHORS), form, None, ts, raw=line)
+
+
+#: Layers whose presence proves a kernel line by itself.
+_PROOF = frozenset({"<prio>", "facility:level", "[seconds]"})
+
+
+def _peel(text: str) -> tuple[str, str, float | None, bool] | None:
+    """``(layer, the rest, kernel time stamp, proves a kernel line)`` for the outermost
+    prefix layer of ``text``, or None when it starts with none."""
+    first = text[:1]
+    for name, pattern in _LAYERS:
+        starts = _FIRST[name]
+        if starts is not None and first not in starts:
+            continue
+        lm = pattern.match(text)
+        if lm is None or lm.end() == 0:
+            continue
+        rest = text[lm.end() :]
+        if name == "[seconds]":
+            return name, rest, float(lm["ts"]), True
+        if name in ("syslog", "rfc5424"):
+            tag = lm["tag"]
+            if tag != "kernel":
+                rest = f"{tag}: {rest}"  # the driver's prefix, taken for a program's name
+            return name, rest, None, True
+        return name, rest, None, name in _PROOF
+    return None
 
 
 def from_entry(entry: Mapping[str, Any], form: str) -> Record | None:

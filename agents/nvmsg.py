@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from agents.busid import BUS_ID, nvml_bus_id
 from recovery.model import DriverAction
@@ -81,8 +82,7 @@ _ANY_GPU_BUS = re.compile(rf"\bGPU (?:at )?(?P<bus>{BUS_ID})\b")
 JOIN_WINDOW = 6
 
 
-@dataclass(frozen=True, slots=True)
-class DriverFault:
+class DriverFault(NamedTuple):
     """What one driver message reports. ``bus`` is in NVML's form (None when the message
     names no device); ``text`` is the driver's words after the number and pid/name;
     ``message`` the whole kernel message (all of its lines, for a joined one)."""

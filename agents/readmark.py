@@ -5,10 +5,11 @@ A :class:`Mark` names the boot (its id) and a place in that boot's log: the ``/d
 record sequence number, a plain file's identity and byte offset, or a journal cursor. The
 source notes the mark of each line that gave an event; the agent saves it (:class:`MarkFile`,
 an atomic fsynced write) only once that event is in the spool or folded into an open
-deduplication window, and at most once per burst of lines. So after a crash the log is read
-again from the last saved mark: lines after it are found again (their events have stable
-ids, so whatever had already left is dropped by the coordinator), lines before it are not
-read at all. A mark of another boot is ignored: the log starts afresh with every boot.
+deduplication window, and at most every half second while lines keep coming. So after a crash
+the log is read again from the last saved mark: lines after it are found again (their events
+have stable ids, so whatever had already left is dropped by the coordinator), lines before it
+are not read at all. A ``/dev/kmsg`` or journal mark of another boot is ignored: that log
+starts afresh with every boot (a plain file's mark holds while it is the same file).
 """
 
 from __future__ import annotations

@@ -63,6 +63,9 @@ SOURCES = ("inject", "journald", "kmsg", "nvml", "tpu")
 DEFAULT_SOURCES = ("nvml", "kmsg", "inject")
 AGENT_VERSION = "0.1.0"
 KMSG_FROM = ("auto", "end", "start")
+#: Read marks are saved (fsynced) at most this often while lines keep coming, in seconds, and
+#: within ``flush_s`` once they stop; a crash in between reads those lines again.
+MARK_SAVE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ class Agent:
         self._tpu_runtime = tpu_runtime
         self._queue: queue.Queue[_Item] = queue.Queue()
         self._marks: list[MarkFile] = []
+        self._marks_due = 0.0  # monotonic seconds: when the read marks may be saved again
         self.spool = Spool(config.spool_dir, log=log)
         self.dedup = Deduplicator(self.clock, config.dedup_window_s)
         self.link = CoordinatorLink(config.coordinator, config.token, config.node)
@@ -207,8 +211,8 @@ class Agent:
                 self._save_marks()
                 continue
             self._settle(item)
-            if self._queue.empty():  # one mark write per burst of lines, not one per line
-                self._save_marks()
+            if self._queue.empty() and self.clock.now().mono >= self._marks_due:
+                self._save_marks()  # at most every MARK_SAVE_S while lines keep coming
 
     def _settle(self, item: _Item) -> None:
         event, done, marked = item
@@ -233,6 +237,7 @@ class Agent:
         self._save_marks()
 
     def _save_marks(self) -> None:
+        self._marks_due = self.clock.now().mono + MARK_SAVE_S
         for marks in self._marks:
             try:
                 marks.save()
