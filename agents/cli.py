@@ -1,31 +1,27 @@
 """``recover agent ...``: the agent's commands. ``run`` runs the node agent
 (:mod:`agents.runtime`). ``parse`` shows what the kernel-log
-source would report for a saved log (a dmesg, journalctl -k or /dev/kmsg dump from a real
-incident), so a detector can be checked against the incident before it is trusted.
+source would report for a saved log (dmesg, syslog, journalctl text, json or export, a
+/dev/kmsg dump, from a real incident), so a detector can be checked against the incident
+before it is trusted (:mod:`agents.logfile`).
 
 Only light imports here (no pynvml, no grpc): the ``recover`` CLI imports this module at start.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
-from agents.dedup import Deduplicator
+from agents.busid import bus_map
 from agents.follow import DEV_KMSG
-from agents.kmsg import bus_map, parse_line, to_event
+from agents.logfile import parse_file
 from agents.runtime import DEFAULT_SOURCES, SOURCES, Agent, AgentConfig, run_agent
 from recovery import climain
 from recovery.errors import UsageError, unknown_choice
-from recovery.model import HealthEvent
-from recovery.ports.clock import Stamp
 from recovery.train.workload import DEFAULT_DIR
 
 app = typer.Typer(
@@ -41,17 +37,6 @@ app = typer.Typer(
 @app.callback()
 def _group() -> None:
     """The node agent: run it, or check what it would detect."""  # keeps commands as such
-
-
-@dataclass
-class _LineClock:
-    """Time as the log tells it: mono = the kernel timestamp of the line being replayed."""
-
-    wall: float
-    mono: float = 0.0
-
-    def now(self) -> Stamp:
-        return Stamp(self.wall, self.mono)
 
 
 def parse_buses(specs: Sequence[str]) -> dict[str, int]:
@@ -71,69 +56,14 @@ def parse_buses(specs: Sequence[str]) -> dict[str, int]:
     return bus_map(devices)
 
 
-def parse_file(
-    path: Path,
-    node: str,
-    as_json: bool,
-    *,
-    boot_id: str = "saved-log",
-    observed_at: float = 0.0,
-    buses: dict[str, int] | None = None,
-    window_s: float = 0.0,
-) -> str:
-    """The events the kernel-log source would emit for the log at ``path``, as text (one line
-    per event with the log's line number, then a summary) or as a JSON array of events.
-
-    ``observed_at`` (Unix seconds) stamps every event; ``window_s`` > 0 folds repeats as the
-    agent's deduplicator would, timed by the lines' kernel timestamps. Raises UsageError for
-    a missing or unreadable file or an invalid node name.
-    """
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError as e:
-        raise UsageError(f"cannot read kernel log {path}: {e.strerror or e}") from e
-    clock = _LineClock(observed_at)
-    dedup = Deduplicator(clock, window_s) if window_s > 0 else None
-    found: list[tuple[int, HealthEvent]] = []
-    for number, line in enumerate(lines, start=1):
-        fault = parse_line(line)
-        if fault is None:
-            continue
-        try:
-            event = to_event(
-                fault, node=node, boot_id=boot_id, observed_at=observed_at, buses=buses
-            )
-        except ValidationError as e:
-            raise UsageError(f"invalid node name {node!r}: use letters, digits, '.-_'") from e
-        if dedup is None:
-            found.append((number, event))
-            continue
-        clock.mono = max(clock.mono, fault.kernel_ts or clock.mono)
-        found += [(number, e) for e in dedup.offer(event)]
-    if dedup is not None:
-        found += [(len(lines), e) for e in dedup.drain()]
-    if as_json:
-        return json.dumps([e.model_dump(mode="json") for _, e in found], indent=2)
-    return _render(path, lines, found)
-
-
-def _render(path: Path, lines: list[str], found: list[tuple[int, HealthEvent]]) -> str:
-    out = []
-    for number, e in found:
-        gpu = f"gpu {e.accelerator}" if e.accelerator is not None else "gpu ?"
-        folded = f" x{e.count}" if e.count > 1 else ""
-        out.append(f"line {number}: {e.fault}{folded} {gpu} {e.bus_id or '-'}: {e.message}")
-    faults = sorted({e.fault for _, e in found})
-    out.append(
-        f"{path}: {len(found)} event(s) from {len(lines)} line(s)"
-        + (f"; faults: {', '.join(faults)}" if faults else "; no fault lines")
-    )
-    return "\n".join(out)
-
-
 @app.command("parse")
 def parse_cmd(
-    file: Annotated[Path, typer.Argument(help="A saved kernel log (dmesg, journalctl -k, kmsg).")],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="A saved kernel log: dmesg, syslog, journalctl (text, json, export), kmsg."
+        ),
+    ],
     node: Annotated[str, typer.Option(help="Node name to put in the events.")] = "local",
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array of events.")] = False,
     gpu: Annotated[
@@ -223,7 +153,10 @@ def run_cmd(
     kmsg_interval: Annotated[float, typer.Option(help="Read the kernel log every S s.")] = 0.05,
     kmsg_from: Annotated[
         str,
-        typer.Option(help="auto (end on the first start, start later), start or end."),
+        typer.Option(
+            help="Kernel-log sources: auto (this boot from its start, after the saved read "
+            "mark), start (this boot from its start) or end (new lines only)."
+        ),
     ] = "auto",
     tpu_workload_dir: Annotated[
         Path,

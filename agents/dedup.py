@@ -1,6 +1,10 @@
 """Fold repeats of one fault into one event with a count.
 
-A fault is keyed by (node, fault, accelerator). Its first occurrence passes at once (detection
+A fault is keyed by (node, fault, GPU, driver action): the GPU is the accelerator index, or the
+bus id where the index is not known (two GPUs are never folded together), and an XID 154 that
+asks for another action, or an SXid the driver called fatal after non-fatal ones, is news.
+A fall-off-the-bus line and an XID 79 for the same GPU share a key (both are ``xid79``): the
+burst is one fault. Its first occurrence passes at once (detection
 latency is what matters); repeats within ``window_s`` after it are counted, and when the
 window ends one summary event carries that count. A flood of 10,000 identical XID 95 lines
 over a minute with a 30 s window becomes about four events, not 10,000.
@@ -17,7 +21,7 @@ from agents.ids import derived_id
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock
 
-Key = tuple[str, str, int | None]
+Key = tuple[str, str, int | str | None, str | None]
 #: Default folding window, in seconds.
 DEFAULT_WINDOW_S = 30.0
 
@@ -54,7 +58,8 @@ class Deduplicator:
         """What to deliver now for ``event``: ``[event]`` when it opens a window, ``[]`` when
         it is folded into an open one; summaries of windows that have ended come first."""
         out = self.flush()
-        key: Key = (event.node, event.fault, event.accelerator)
+        gpu = event.accelerator if event.accelerator is not None else event.bus_id
+        key: Key = (event.node, event.fault, gpu, event.driver_action)
         window = self._open.get(key)
         if window is None:
             self._open[key] = _Window(event, self._clock.now().mono)

@@ -1,10 +1,17 @@
-"""Tail the kernel log (``/dev/kmsg`` or a plain file) and turn new fault lines into events;
-and write a genuine-looking ``NVRM:`` line for a fault (fault injection through the kernel log).
+"""Follow the kernel log (``/dev/kmsg`` or a plain file) and turn new fault lines into events.
 
-The follower starts at the end by default (faults already in the log were the previous agent's
-business; their ids are stable, so a re-read from the start is harmless too). A plain file may
-be truncated (``copytruncate``) or replaced (rotation): both are noticed on the next poll, and a
-replaced file is read to its end before the new one is opened.
+Where reading starts (``from_start``, ``resume``): by default at the start of this boot's log,
+skipping what a previous run already reported (:class:`agents.readmark.Mark`), so a fault
+logged before the agent started is reported once, and a restart reports nothing twice.
+``/dev/kmsg`` holds the boot from its first record (unless the ring buffer has overwritten the
+oldest), and its mark counts only in the boot it was made in. A plain file (a syslog file
+such as ``kern.log``) may span several boots: its mark counts in any boot while the file is
+the same one, and on a first read from its start the faults before the last boot banner
+(``Linux version ...``) are earlier boots' history and are skipped (one log line says how
+many). ``from_start=False`` starts at the end.
+
+A plain file may be truncated (``copytruncate``) or replaced (rotation): both are noticed on
+the next poll, and a replaced file is read to its end before the new one is opened.
 """
 
 from __future__ import annotations
@@ -18,12 +25,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from agents.kmsg import KernelFault, kernel_bus_id, parse_line, to_event
+from agents.faultline import XID_TEXT, append_fault_line, format_fault_line
+from agents.kmsg import KernelFault, KernelLogParser, to_event
+from agents.logform import read_line
+from agents.readmark import Mark
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock
 
+__all__ = [
+    "DEV_KMSG",
+    "XID_TEXT",
+    "KmsgFollower",
+    "append_fault_line",
+    "format_fault_line",
+]
+
 DEV_KMSG = Path("/dev/kmsg")
-Emit = Callable[[HealthEvent], None]
+#: Hands one event and the mark of its line to the agent.
+Emit = Callable[[HealthEvent, Mark], None]
 Log = Callable[[str], None]
 #: Largest record /dev/kmsg hands out in one read (the kernel's limit is under 8 KiB).
 KMSG_RECORD_MAX = 8192
@@ -31,13 +50,19 @@ KMSG_RECORD_MAX = 8192
 
 @dataclass
 class _Open:
-    """The file being read: its descriptor/stream, identity, and the unfinished last line."""
+    """The file being read: its stream, identity, the unfinished last line and the byte
+    offset where that unfinished line starts."""
 
     stream: BinaryIO
     ino: int
     dev: int
     partial: bytes = b""
+    offset: int = 0
     is_char_device: bool = False
+
+
+#: One complete line and where reading stands after it (a record's seq or a file offset).
+_Line = tuple[bytes, int]
 
 
 @dataclass
@@ -46,7 +71,8 @@ class KmsgFollower:
 
     ``path`` is ``/dev/kmsg`` (records, one per read) or a plain file (lines). ``clock`` gives
     each event its ``observed_at`` (wall seconds). ``buses`` maps NVML bus ids to accelerator
-    indices (:func:`agents.kmsg.bus_map`). A missing file is waited for; it is read from its
+    indices (:func:`agents.busid.bus_map`). ``resume`` is where a previous run of this boot
+    stopped (see the module docstring). A missing file is waited for; it is read from its
     start when it appears. Not thread-safe: one thread polls.
     """
 
@@ -55,22 +81,26 @@ class KmsgFollower:
     clock: Clock
     path: Path = DEV_KMSG
     buses: Mapping[str, int] | None = None
-    from_start: bool = False
+    from_start: bool = True
     log: Log = print
     agent_version: str = ""
-    skip_before: float | None = None
-    """Ignore fault lines whose kernel timestamp (seconds since boot) is earlier than this:
-    what was logged before this node's first agent started is history, not news. Lines
-    without a timestamp are never skipped."""
+    resume: Mark | None = None
     _cur: _Open | None = field(default=None, init=False, repr=False)
     _started: bool = field(default=False, init=False, repr=False)
+    _parser: KernelLogParser = field(default_factory=KernelLogParser, init=False, repr=False)
+    _first_record: bool = field(default=True, init=False, repr=False)
+    _history: bool = field(default=False, init=False, repr=False)
 
     def poll(self) -> list[HealthEvent]:
         """Everything complete that was appended since the last poll, parsed into events.
 
         Raises OSError only for errors other than the file being absent.
         """
-        lines: list[bytes] = []
+        return [event for event, _ in self.poll_marked()]
+
+    def poll_marked(self) -> list[tuple[HealthEvent, Mark]]:
+        """Like :meth:`poll`, each event with the mark of the line it came from."""
+        lines: list[_Line] = []
         cur = self._cur
         if cur is None:
             cur = self._open(at_end=not self._started and not self.from_start)
@@ -81,14 +111,15 @@ class KmsgFollower:
             cur = self._follow_rename_or_truncate(cur, lines)
         self._cur = cur
         lines.extend(self._read(cur))
-        return self._events(lines)
+        return self._events(lines, cur)
 
     def run(self, emit: Emit, stop: threading.Event, interval_s: float = 0.25) -> None:
-        """Poll every ``interval_s`` seconds, handing each event to ``emit``, until ``stop``."""
+        """Poll every ``interval_s`` seconds, handing each event and its mark to ``emit``,
+        until ``stop``."""
         try:
             while not stop.is_set():
-                for event in self.poll():
-                    emit(event)
+                for event, mark in self.poll_marked():
+                    emit(event, mark)
                 stop.wait(interval_s)
         finally:
             self.close()
@@ -99,7 +130,7 @@ class KmsgFollower:
             self._cur.stream.close()
             self._cur = None
 
-    # --- internals -----------------------------------------------------------------------
+    # --- opening, rotation ----------------------------------------------------------------
 
     def _open(self, *, at_end: bool) -> _Open | None:
         try:
@@ -113,11 +144,24 @@ class KmsgFollower:
             stream: BinaryIO = os.fdopen(fd, "rb", buffering=0)
         else:
             stream = open(self.path, "rb")  # noqa: SIM115 - kept open across polls
+        cur = _Open(stream, st.st_ino, st.st_dev, is_char_device=char)
         if at_end:
-            stream.seek(0, os.SEEK_END)
-        return _Open(stream, st.st_ino, st.st_dev, is_char_device=char)
+            cur.offset = stream.seek(0, os.SEEK_END)
+        elif not char:
+            cur.offset = stream.seek(self._resume_offset(st))
+            self._history = cur.offset == 0  # a first read: earlier boots may be in it
+        return cur
 
-    def _follow_rename_or_truncate(self, cur: _Open, lines: list[bytes]) -> _Open:
+    def _resume_offset(self, st: os.stat_result) -> int:
+        """Where a previous run stopped in this very file, in any boot (0: its start)."""
+        mark = self.resume
+        if mark is None or mark.offset is None:
+            return 0
+        if (mark.dev, mark.ino) != (st.st_dev, st.st_ino) or mark.offset > st.st_size:
+            return 0  # another file, or this one was truncated since
+        return mark.offset
+
+    def _follow_rename_or_truncate(self, cur: _Open, lines: list[_Line]) -> _Open:
         """The file to read next: ``cur``, rewound if truncated, or the file that replaced it
         (after appending the rest of ``cur`` to ``lines``)."""
         try:
@@ -125,19 +169,22 @@ class KmsgFollower:
         except FileNotFoundError:
             return cur  # rotated away and not yet recreated: keep reading the old one
         if (st.st_ino, st.st_dev) != (cur.ino, cur.dev):
+            self.resume = None  # the new file is read from its start
             new = self._open(at_end=False)
             if new is None:
                 return cur  # vanished between stat and open; retry next poll
             lines.extend(self._read(cur, final=True))  # finish the rotated file first
             cur.stream.close()
             return new
-        if st.st_size < cur.stream.tell():
+        if st.st_size < cur.offset + len(cur.partial):
             self.log(f"kmsg: {self.path} was truncated; reading it again from the start")
             cur.stream.seek(0)
-            cur.partial = b""
+            cur.partial, cur.offset = b"", 0
         return cur
 
-    def _read(self, cur: _Open, *, final: bool = False) -> list[bytes]:
+    # --- reading ---------------------------------------------------------------------------
+
+    def _read(self, cur: _Open, *, final: bool = False) -> list[_Line]:
         if cur.is_char_device:
             return self._read_records(cur)
         data = cur.partial + cur.stream.read()
@@ -145,10 +192,15 @@ class KmsgFollower:
         if final and cur.partial:
             complete.append(cur.partial)
             cur.partial = b""
-        return complete
+        out = []
+        for line in complete:
+            cur.offset += len(line) + 1
+            out.append((line, cur.offset))
+        return out
 
-    def _read_records(self, cur: _Open) -> list[bytes]:
-        records: list[bytes] = []
+    def _read_records(self, cur: _Open) -> list[_Line]:
+        records: list[_Line] = []
+        done = self.resume.seq if self.resume and self.resume.boot_id == self.boot_id else None
         while True:
             try:
                 record = os.read(cur.stream.fileno(), KMSG_RECORD_MAX)
@@ -161,99 +213,70 @@ class KmsgFollower:
                 raise
             if not record:
                 return records
-            records.append(record.split(b"\n", 1)[0])  # the rest holds " KEY=value" lines
+            line = record.split(b"\n", 1)[0]  # the rest holds " KEY=value" lines
+            seq = _record_seq(line)
+            self._say_if_wrapped(seq, done)
+            if seq is not None and done is not None and seq <= done:
+                continue  # a previous run of this boot already reported it
+            records.append((line, seq if seq is not None else -1))
 
-    def _events(self, lines: list[bytes]) -> list[HealthEvent]:
-        events = []
+    def _say_if_wrapped(self, seq: int | None, done: int | None) -> None:
+        if not self._first_record:
+            return
+        self._first_record = False
+        if seq and self.from_start and (done is None or done + 1 < seq):
+            self.log(
+                f"kmsg: the kernel ring buffer no longer holds this boot's first {seq} "
+                "record(s); a fault logged among them is not seen here (the journald source "
+                "keeps the whole boot)"
+            )
+
+    def _events(self, lines: list[_Line], cur: _Open) -> list[tuple[HealthEvent, Mark]]:
+        out: list[tuple[HealthEvent, Mark]] = []
         now = self.clock.now().wall
-        for raw in lines:
-            fault = parse_line(raw.decode("utf-8", errors="replace"))
-            if fault is not None and not self._is_history(fault):
-                events.append(
-                    to_event(
-                        fault,
-                        node=self.node,
-                        boot_id=self.boot_id,
-                        observed_at=now,
-                        buses=self.buses,
-                        agent_version=self.agent_version,
-                    )
-                )
-        return events
+        earlier = 0  # faults of earlier boots skipped
+        for raw, where in lines:
+            text = raw.decode("utf-8", errors="replace")
+            if self._history and _BANNER in raw and is_boot_banner(text):
+                earlier += len(out)
+                out.clear()  # what came before this boot's first line is history
+            for fault in self._parser.feed(text):
+                out.append((self._event(fault, now), self._mark(cur, where)))
+        if self._history and earlier:
+            self.log(
+                f"kmsg: skipped {earlier} fault line(s) of earlier boots in {self.path} "
+                "(before its last 'Linux version' line)"
+            )
+        self._history = False
+        return out
 
-    def _is_history(self, fault: KernelFault) -> bool:
-        ts, limit = fault.kernel_ts, self.skip_before
-        return ts is not None and limit is not None and ts < limit
+    def _event(self, fault: KernelFault, now: float) -> HealthEvent:
+        return to_event(
+            fault,
+            node=self.node,
+            boot_id=self.boot_id,
+            observed_at=now,
+            buses=self.buses,
+            agent_version=self.agent_version,
+        )
 
-
-# --- writing fault lines (injection) ---------------------------------------------------------
-
-#: What the driver prints after the XID number, for the faults injection uses most.
-XID_TEXT: dict[int, str] = {
-    13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
-    31: "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted",
-    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.",
-    63: "Row Remapping: New row marked for remapping, reset gpu to activate.",
-    64: "Row Remapping: Failed to remap row, reset gpu.",
-    74: "NVLink: fatal error detected on link 0",
-    79: "GPU has fallen off the bus.",
-    94: "Contained: CE User Channel (0x9). RST: No, D-RST: No",
-    95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
-    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
-    154: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
-}
+    def _mark(self, cur: _Open, where: int) -> Mark:
+        if cur.is_char_device:
+            return Mark(self.boot_id, seq=where if where >= 0 else None)
+        return Mark(self.boot_id, dev=cur.dev, ino=cur.ino, offset=where)
 
 
-def format_fault_line(
-    fault: str,
-    bus_id: str,
-    *,
-    pid: int | None = None,
-    process: str | None = None,
-    note: str = "",
-) -> str:
-    """The kernel message the driver would print for ``fault`` (``xid<N>`` or ``gpu-lost``) on
-    ``bus_id`` (either form), without a timestamp. ``note`` (e.g. an injection marker) is
-    appended as `` [note]``; the parser keeps it in the event's message. Raises ValueError for
-    another fault code."""
-    bus = kernel_bus_id(bus_id)
-    tail = f" [{note}]" if note else ""
-    if fault == "gpu-lost":
-        domain, rest = bus.split(":", 1)
-        return f"NVRM: GPU {domain}:{rest}.0: GPU has fallen off the bus.{tail}"
-    if not (fault.startswith("xid") and fault[3:].isdigit()):
-        raise ValueError(f"cannot write a kernel line for fault {fault!r}; use xid<N> or gpu-lost")
-    xid = int(fault[3:])
-    who = f"pid={pid}" if pid is not None else "pid='<unknown>'"
-    name = process or "<unknown>"
-    text = XID_TEXT.get(xid, "Unspecified error (injected)")
-    return f"NVRM: Xid (PCI:{bus}): {xid}, {who}, name={name}, {text}{tail}"
+_BANNER = b"Linux version "
 
 
-def append_fault_line(
-    path: Path,
-    fault: str,
-    bus_id: str,
-    *,
-    clock: Clock,
-    pid: int | None = None,
-    process: str | None = None,
-    note: str = "",
-) -> str:
-    """Append a fault line to ``path`` and return what was written.
+def is_boot_banner(line: str) -> bool:
+    """True for the kernel's first line of a boot (``Linux version ...``), in any
+    presentation."""
+    record = read_line(line)
+    return record.kernel and record.text.startswith("Linux version ")
 
-    For ``/dev/kmsg`` (a character device) the message becomes one kernel record at warning
-    level (needs root); for a plain file (a simulated node's kernel log) the line gets a
-    dmesg-style timestamp from ``clock`` (monotonic seconds), so two injections differ and get
-    different event ids. The write is one ``write(2)`` call on an ``O_APPEND`` descriptor, so
-    a concurrent reader never sees half a line. Raises OSError, ValueError (bad fault/bus id).
-    """
-    message = format_fault_line(fault, bus_id, pid=pid, process=process, note=note)
-    is_char = path.exists() and stat.S_ISCHR(os.stat(path).st_mode)
-    line = f"<4>{message}" if is_char else f"[{clock.now().mono:12.6f}] {message}\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-    return line
+
+def _record_seq(line: bytes) -> int | None:
+    """The sequence number of a /dev/kmsg record (``PRIO,SEQ,USEC,FLAGS;...``)."""
+    parts = line.split(b",", 2)
+    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None

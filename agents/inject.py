@@ -8,8 +8,8 @@
   ``[recover-inject <command id>]``; the agent's own kernel-log follower then finds it, so the
   parser is exercised too. The event is not flagged injected (nothing in a kernel line can say
   so) but its message keeps the marker. For a plain file the event id is known at once (the
-  parser derives it from the line); for ``/dev/kmsg`` it depends on the record's sequence
-  number, which only the follower learns, so the acknowledgement carries no id.
+  parser derives it from the line); for ``/dev/kmsg`` it depends on the time stamp the kernel
+  gives the record, which only the follower learns, so the acknowledgement carries no id.
 
 Repeats of one fault on one GPU within the deduplication window are folded, exactly as real
 repeats are: inject on another ``--gpu`` to get a first occurrence again.
@@ -113,6 +113,6 @@ class Injector:
         )
         parsed = parse_line(line)
         is_char = stat.S_ISCHR(self.kmsg_path.stat().st_mode)
-        if parsed is None or is_char:  # /dev/kmsg: the id depends on the record's seq number
+        if parsed is None or is_char:  # /dev/kmsg: the id depends on the kernel's time stamp
             return {"event_id": None, "line": line.rstrip("\n")}
         return {"event_id": kmsg_event_id(self.node, self.boot_id, parsed), "line": line.strip()}

@@ -25,26 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.busid import nvml_bus_id
 from agents.ids import event_id
-from agents.kmsg import nvml_bus_id
-from recovery.model import DriverAction, HealthEvent, Source
+from agents.nvmsg import RECOVERY_ACTIONS
+from recovery.model import HealthEvent, Source
 from recovery.ports.clock import Clock
 
 Emit = Callable[[HealthEvent], None]
 Log = Callable[[str], None]
 
-#: ``nvmlDeviceGetGpuRecoveryAction`` values (NVML_GPU_RECOVERY_ACTION_*) -> the schema's names.
-#: 6 (bus reset) is a stronger GPU reset; 7 (system reboot) a node reboot; 5 (recover the IMEX
-#: domain) has no counterpart yet and is reported with ``driver_action`` unset.
-RECOVERY_ACTIONS: dict[int, DriverAction] = {
-    0: DriverAction.none,
-    1: DriverAction.gpu_reset,
-    2: DriverAction.node_reboot,
-    3: DriverAction.drain_p2p,
-    4: DriverAction.drain_and_reset,
-    6: DriverAction.gpu_reset,
-    7: DriverAction.node_reboot,
-}
 #: NVML error codes that mean the device is gone until reset (GPU_IS_LOST, RESET_REQUIRED).
 LOST_CODES = (15, 16)
 NOT_SUPPORTED = 3

@@ -2,23 +2,27 @@
 
 Threads (all started by :meth:`Agent.run`, all stopped by its ``stop`` event):
 
-* one per source (``nvml``, ``kmsg``, ``tpu``): each hands events to :meth:`Agent.submit`;
+* one per source (``nvml``, ``kmsg``, ``journald``, ``tpu``): each hands events to
+  :meth:`Agent.submit`;
 * the pipeline (the thread that called :meth:`Agent.run`): the only owner of the
   Deduplicator; takes events off a queue, folds repeats, puts what passes into the Spool and
-  wakes the publisher; flushes ended deduplication windows every ``flush_s``;
+  wakes the publisher; flushes ended deduplication windows every ``flush_s``; saves the
+  kernel-log sources' read marks once their lines' events are settled;
 * the publisher (:mod:`agents.publisher`): spool -> ``POST /v1/events`` -> ack;
 * heartbeats: ``POST /v1/heartbeat`` every ``heartbeat_s``;
 * commands (with the ``inject`` source): long-polls ``GET /v1/agents/{node}/commands`` and
   carries out injections (:mod:`agents.inject`).
 
-Nothing is lost across a kill: the kernel-log source re-reads the log from its start whenever
-the agent starts (event ids are stable, so the coordinator drops what it already has), and
-everything that passed the deduplicator is in the spool before it is sent. Only lines logged in
-this boot before the node's *first* agent started are skipped (by kernel timestamp; the first
-start writes ``boot_id monotonic-seconds`` to a marker in the spool directory): they are
-history, and reporting an old XID 79 as new would take a repaired node out again. In a later
-boot nothing is skipped. ``kmsg_from`` overrides this (``start``: skip nothing; ``end``: read
-only what is appended after each start).
+Boot replay and restarts: a kernel-log source (``kmsg``, ``journald``) reads the current
+boot's log from its start, so a fault logged before the agent started (a monitor that comes up
+after the XID, as after a reboot) is reported once. Each source's read mark
+(:mod:`agents.readmark`: the boot id and the record sequence number, file offset or journal
+cursor of the last line whose event is settled) is saved in the spool directory, and a
+restart in the same boot goes on after it: no line is reported twice. Everything that
+passed the deduplicator is in the spool before it is sent, so a kill loses nothing either:
+lines after the saved mark are read again, with the same event ids. ``kmsg_from`` overrides
+this: ``start`` reads the whole boot again whatever the mark says, ``end`` only what is
+appended after each start (it loses what was logged while no agent ran).
 
 Stopping (SIGTERM): sources stop, the queue is drained, every open deduplication window is
 flushed into the spool, one last delivery is tried, and the agent exits; what did not go out
@@ -27,6 +31,7 @@ stays spooled for the next start.
 
 from __future__ import annotations
 
+import functools
 import queue
 import signal
 import threading
@@ -36,29 +41,31 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from agents.commands import CommandLoop
 from agents.dedup import DEFAULT_WINDOW_S, Deduplicator
 from agents.follow import DEV_KMSG, KmsgFollower
 from agents.ids import read_boot_id
 from agents.inject import Injector
+from agents.journald import JournaldSource
 from agents.link import CoordinatorLink, Refused
 from agents.publisher import REJECTED_DIR, Publisher, RejectedStore
+from agents.readmark import MARK_FILES, Mark, MarkFile
 from agents.spool import Spool
 from recovery.errors import TransientError, unknown_choice
-from recovery.fsutil import atomic_write
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock, SystemClock
-from recovery.retry import Backoff
 from recovery.train.workload import DEFAULT_DIR, any_registered
 
 Log = Callable[[str], None]
-SOURCES = ("inject", "kmsg", "nvml", "tpu")
+#: A queued event, the Event to set once it is settled, and the read mark of its line.
+_Item = tuple[HealthEvent, threading.Event | None, tuple[MarkFile, Mark] | None]
+SOURCES = ("inject", "journald", "kmsg", "nvml", "tpu")
 DEFAULT_SOURCES = ("nvml", "kmsg", "inject")
 AGENT_VERSION = "0.1.0"
 KMSG_FROM = ("auto", "end", "start")
-#: In the spool directory: this agent has run on this node before (see the module docstring).
-STARTED_MARKER = ".kmsg-started"
-#: Command ids remembered as done (redeliveries are far younger than this many commands).
-MAX_REMEMBERED = 1000
+#: Read marks are saved (fsynced) at most this often while lines keep coming, in seconds, and
+#: within ``flush_s`` once they stop; a crash in between reads those lines again.
+MARK_SAVE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,11 @@ class AgentConfig:
     tpu_workload_dir: Path = DEFAULT_DIR
     """Where TPU workloads keep their markers (:mod:`recovery.train.workload`)."""
     kmsg_from: str = "auto"
-    """Where the kernel-log source starts: ``auto`` (see the module docstring), ``start``
-    (everything) or ``end`` (only what is appended after each start)."""
+    """Where the kernel-log sources start: ``auto`` (this boot's log from its start, after
+    the saved read mark), ``start`` (this boot's log from its start, whatever the mark says)
+    or ``end`` (only what is appended after each start)."""
+    journalctl: tuple[str, ...] = ("journalctl",)
+    """The command the ``journald`` source runs (``journalctl`` on PATH by default)."""
 
     def __post_init__(self) -> None:
         if self.kmsg_from not in KMSG_FROM:
@@ -129,7 +139,9 @@ class Agent:
         self.boot_id = boot_id or read_boot_id()
         self._nvml = nvml
         self._tpu_runtime = tpu_runtime
-        self._queue: queue.Queue[tuple[HealthEvent, threading.Event | None]] = queue.Queue()
+        self._queue: queue.Queue[_Item] = queue.Queue()
+        self._marks: list[MarkFile] = []
+        self._marks_due = 0.0  # monotonic seconds: when the read marks may be saved again
         self.spool = Spool(config.spool_dir, log=log)
         self.dedup = Deduplicator(self.clock, config.dedup_window_s)
         self.link = CoordinatorLink(config.coordinator, config.token, config.node)
@@ -144,16 +156,21 @@ class Agent:
 
     def emit(self, event: HealthEvent) -> None:
         """Hand ``event`` to the pipeline (thread-safe; what sources call)."""
-        self._queue.put((event, None))
+        self._queue.put((event, None, None))
+
+    def emit_marked(self, marks: MarkFile, event: HealthEvent, mark: Mark) -> None:
+        """Hand ``event`` to the pipeline; once it is spooled (or folded), ``mark`` (where its
+        line lies in the kernel log) is noted in ``marks`` to be saved (thread-safe)."""
+        self._queue.put((event, None, (marks, mark)))
 
     def submit(self, event: HealthEvent, timeout_s: float | None = None) -> bool:
         """Hand ``event`` to the pipeline (thread-safe). With ``timeout_s``, wait until it is
         spooled or folded; False when that took longer."""
         if timeout_s is None:
-            self._queue.put((event, None))
+            self._queue.put((event, None, None))
             return True
         done = threading.Event()
-        self._queue.put((event, done))
+        self._queue.put((event, done, None))
         return done.wait(timeout_s)
 
     def run(self, stop: threading.Event) -> None:
@@ -188,34 +205,59 @@ class Agent:
     def _pipeline(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
-                event, done = self._queue.get(timeout=self.config.flush_s)
+                item = self._queue.get(timeout=self.config.flush_s)
             except queue.Empty:
                 self._spool(self.dedup.flush())
+                self._save_marks()
                 continue
-            self._spool(self.dedup.offer(event))
-            if done is not None:
-                done.set()
+            self._settle(item)
+            if self._queue.empty() and self.clock.now().mono >= self._marks_due:
+                self._save_marks()  # at most every MARK_SAVE_S while lines keep coming
+
+    def _settle(self, item: _Item) -> None:
+        event, done, marked = item
+        spooled = self._spool(self.dedup.offer(event))
+        if marked is not None:
+            marks, mark = marked
+            if spooled:
+                marks.note(mark)
+            else:  # its line must be read again after a restart
+                marks.hold()
+        if done is not None:
+            done.set()
 
     def _drain(self) -> None:
         while True:
             try:
-                event, done = self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            self._spool(self.dedup.offer(event))
-            if done is not None:
-                done.set()
+            self._settle(item)
         self._spool(self.dedup.drain())
+        self._save_marks()
 
-    def _spool(self, events: list[HealthEvent]) -> None:
+    def _save_marks(self) -> None:
+        self._marks_due = self.clock.now().mono + MARK_SAVE_S
+        for marks in self._marks:
+            try:
+                marks.save()
+            except OSError as e:  # the next burst tries again; a restart re-reads a little
+                self.log(f"agent: cannot save the read mark {marks.path}: {e}")
+
+    def _spool(self, events: list[HealthEvent]) -> bool:
+        """Spool ``events``; False when one of them is not on disk (the spool is full or the
+        disk failed: said, and detection goes on)."""
         if not events:
-            return
+            return True
+        ok = True
         for event in events:
             try:
-                self.spool.put(event)
-            except OSError as e:  # disk full or read-only: say so, keep detecting
+                ok = self.spool.put(event) and ok
+            except OSError as e:
                 self.log(f"agent: cannot spool {event.id} ({event.fault}): {e}")
+                ok = False
         self._wake.set()
+        return ok
 
     def _last_delivery(self) -> None:
         try:
@@ -240,9 +282,10 @@ class Agent:
     def _start_sources(
         self, stop: threading.Event, service_stop: threading.Event
     ) -> list[threading.Thread]:
-        cfg, emit = self.config, self.emit
+        cfg = self.config
         started = []
         if "kmsg" in cfg.sources:
+            marks = self._mark_file("kmsg")
             follower = KmsgFollower(
                 cfg.node,
                 self.boot_id,
@@ -250,13 +293,31 @@ class Agent:
                 path=cfg.kmsg_file,
                 buses=cfg.buses,
                 from_start=cfg.kmsg_from != "end",
-                skip_before=self._history_ends() if cfg.kmsg_from == "auto" else None,
+                resume=marks.load(self.boot_id) if cfg.kmsg_from == "auto" else None,
                 log=self.log,
                 agent_version=cfg.version,
             )
-            started.append(
-                self._start("kmsg", lambda: follower.run(emit, stop, cfg.kmsg_interval_s))
+
+            def follow_kmsg() -> None:
+                emit = functools.partial(self.emit_marked, marks)
+                follower.run(emit, stop, cfg.kmsg_interval_s)
+
+            started.append(self._start("kmsg", follow_kmsg))
+        if "journald" in cfg.sources:
+            jmarks = self._mark_file("journald")
+            journal = JournaldSource(
+                cfg.node,
+                self.boot_id,
+                self.clock,
+                buses=cfg.buses,
+                command=cfg.journalctl,
+                from_start=cfg.kmsg_from != "end",
+                resume=jmarks.load(self.boot_id) if cfg.kmsg_from == "auto" else None,
+                log=self.log,
+                agent_version=cfg.version,
             )
+            emit_j = functools.partial(self.emit_marked, jmarks)
+            started.append(self._start("journald", lambda: journal.run(emit_j, stop)))
         if "nvml" in cfg.sources:
             started.append(self._start("nvml", lambda: self._run_nvml(stop)))
         if "tpu" in cfg.sources:
@@ -265,18 +326,10 @@ class Agent:
             self._start("commands", lambda: self._commands(service_stop))
         return started
 
-    def _history_ends(self) -> float | None:
-        """Kernel time (seconds since boot) before which lines are history: when this node's
-        first agent started, if that was in this boot; None in a later boot. The first start
-        records it (see the module docstring)."""
-        marker = self.config.spool_dir / STARTED_MARKER
-        try:
-            boot, mono = marker.read_text().split()
-            return float(mono) if boot == self.boot_id else None
-        except (OSError, ValueError):  # no marker (first start) or a damaged one
-            now = self.clock.now().mono
-            atomic_write(marker, f"{self.boot_id} {now:.6f}\n".encode())
-            return now
+    def _mark_file(self, source: str) -> MarkFile:
+        marks = MarkFile(self.config.spool_dir / MARK_FILES[source], log=self.log)
+        self._marks.append(marks)
+        return marks
 
     def _run_nvml(self, stop: threading.Event) -> None:
         from agents.nvml import NvmlSource, load_pynvml  # pynvml only where it is used
@@ -331,47 +384,3 @@ class Agent:
             cfg.version,
         )
         CommandLoop(link, injector, self.log).run(stop, cfg.poll_wait_s)
-
-
-@dataclass
-class CommandLoop:
-    """Long-polls for commands, carries each out once, acknowledges it (again, when the
-    coordinator hands out one it already did: its acknowledgement was lost)."""
-
-    link: CoordinatorLink
-    injector: Injector
-    log: Log
-    backoff: Backoff = field(default_factory=lambda: Backoff(2**31, initial_s=0.2, max_s=10.0))
-    done: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def run(self, stop: threading.Event, wait_s: float) -> None:
-        failures = 0
-        while not stop.is_set():
-            try:
-                for command in self.link.poll_commands(wait_s):
-                    self.handle(command)
-                failures = 0
-            except Refused as e:  # a wrong token or node: say so, and ask again only rarely
-                failures += 1
-                if failures == 1:
-                    self.log(f"agent: command channel refused: {e}; asking again every 30 s")
-                stop.wait(30.0)
-            except TransientError as e:
-                failures += 1
-                if failures == 1:
-                    self.log(f"agent: command channel: {e}; retrying")
-                stop.wait(self.backoff.wait_s(min(failures, 64), e))
-
-    def handle(self, command: dict[str, Any]) -> None:
-        cid = str(command.get("id"))
-        result = self.done.get(cid)
-        if result is None:
-            if command.get("kind") == "inject":
-                result = self.injector.carry_out(command)
-            else:
-                result = {"error": f"unknown command kind {command.get('kind')!r}; known: inject"}
-            self.done[cid] = result
-            while len(self.done) > MAX_REMEMBERED:  # oldest first: dicts keep insertion order
-                del self.done[next(iter(self.done))]
-            self.log(f"agent: command {cid} {command.get('kind')} {command.get('args')}: {result}")
-        self.link.ack_command(cid, result)

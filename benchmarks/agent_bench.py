@@ -1,26 +1,33 @@
-"""Node agent: detection latency to the coordinator's journal, and what the agent costs.
+"""Node agent: detection latency per kernel-log source to the coordinator's journal, and what
+the agent costs.
 
 Run (see ``benchmarks/README.md``)::
 
     .venv/bin/python -m benchmarks.agent_bench [--injections 200] [--idle-seconds 5]
-        [--flood 10000] [--dir DIR] [--json out.json]
+        [--flood 10000] [--no-kernel-log] [--dir DIR] [--json out.json]
 
 This process runs the coordinator: its API (``create_app`` over a ``SqliteJournal``, uvicorn on
 loopback) and the real engine (default policy), on the real local Slurm cluster (one node,
-started here) when run as root with Slurm installed, else on a FakeSlurm. Each event id is
+started here) when run as root with Slurm installed, else on a FakeSlurm. Each event is
 stamped when the intake committed it and when the engine's decision on it was committed; the
-figures are to the decision, with the commit alongside. The agent is a real
-``python -m agents run`` process following a plain file as its kernel log.
+figures are to the decision, with the commit alongside. Each path runs its own real
+``python -m agents run`` process, one after the other:
 
-* ``kmsg``: a genuine ``NVRM: Xid ...`` line is appended to the agent's kernel log; latency is
-  from just before that write to the commit of the event id the parser derives from the line.
-* ``agent``: ``POST /v1/inject`` (admin, ``via agent``); latency is from just before the request
-  to the commit of the event id the reply names: the command channel's round trip included.
+* ``kmsg-file``: a genuine ``NVRM: Xid ...`` line appended to a plain file the agent follows
+  (a simulated node's kernel log); from just before the write to the commit of the event id
+  the parser derives from the line.
+* ``kmsg-device``: the line written to the real ``/dev/kmsg`` (root) and read by the agent
+  record by record; the event is found by a marker in its text.
+* ``journald``: the line written to ``/dev/kmsg``, stored by the running journald and read by
+  the agent's ``journalctl -k -f -o json``.
+* ``agent``: ``POST /v1/inject`` (admin, ``via agent``); from just before the request to the
+  commit of the event id the reply names (the command channel's round trip included).
 
-Injections go one at a time (each waits for its commit) on distinct GPUs, so none is folded by
-the deduplicator. Cost: CPU seconds and RSS of the agent idle for ``--idle-seconds``, then over a
-``--flood``-line XID flood written at once, from the write until the first event is committed
-and the agent's CPU use has settled.
+The two kernel paths write marked lines (``[agent-bench ...]``, made-up bus ids) into this
+machine's kernel log; ``--no-kernel-log`` leaves them out, and each is skipped, with the
+reason printed, where it cannot run (not root, no journald). Injections go one at a time (each
+waits for its commit) on distinct GPUs, so none is folded. Cost: CPU seconds and RSS of the
+file agent idle for ``--idle-seconds``, then over a ``--flood``-line XID flood written at once.
 """
 
 from __future__ import annotations
@@ -30,74 +37,48 @@ import json
 import os
 import random
 import shutil
-import statistics
-import subprocess
+import socket
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Sequence
+import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from agents.follow import format_fault_line
+from agents.faultline import format_fault_line
 from agents.ids import read_boot_id
 from agents.inject import simulated_bus
 from agents.kmsg import kmsg_event_id, parse_line
+from benchmarks.agent_rig import (
+    ADMIN,
+    GPUS,
+    NODE,
+    NODE_TOKEN,
+    Stamps,
+    proc_cpu_s,
+    proc_rss_mib,
+    quantiles,
+    start_agent,
+    stop_agent,
+    wait_connected,
+)
 from recovery.coordinator.build import build_engine
 from recovery.coordinator.rules import Rules
 from recovery.httpapi.app import create_app
-from recovery.httpapi.auth import TokenTable, format_tokens
+from recovery.httpapi.auth import TokenTable
 from recovery.httpapi.server import ServerThread
 from recovery.journaldb.journal import SqliteJournal
-from recovery.model import Decision, HealthEvent
 from recovery.policy import PolicyConfig, load_catalogue
 from recovery.ports.clock import SystemClock
 
 #: The issue's targets, fault -> coordinator decision recorded.
 TARGET_P50_S = 0.100
 TARGET_P99_S = 0.500
-NODE = "node1"  # the local cluster's node name
-ADMIN = "bench-admin-token-000000000000"
-NODE_TOKEN = "bench-node-token-0000000000000"  # noqa: S105 (a benchmark token)
-GPUS = 256
 #: The agent's default kernel-log read interval (``--kmsg-interval``), seconds.
 KMSG_INTERVAL_S = 0.05
-
-
-class Stamps:
-    """The engine's observer (:class:`recovery.coordinator.engine.Observer`): notes
-    (monotonic) when each event id was committed by the intake (``submitted``) and when its
-    decision was committed to the journal (``decided``, after the commit of the engine's
-    decision batch)."""
-
-    def __init__(self) -> None:
-        self.committed: dict[str, float] = {}
-        self.decided_at: dict[str, float] = {}
-        self.arrived = threading.Condition()
-
-    def submitted(self, events: Sequence[HealthEvent]) -> None:
-        now = time.monotonic()
-        with self.arrived:
-            for e in events:
-                self.committed.setdefault(e.id, now)
-
-    def decided(self, decisions: Sequence[Decision]) -> None:
-        now = time.monotonic()
-        with self.arrived:
-            for d in decisions:
-                self.decided_at.setdefault(d.event_id, now)
-            self.arrived.notify_all()
-
-    def wait(self, event_id: str, timeout_s: float = 30.0) -> tuple[float, float]:
-        """(committed, decided) monotonic times of ``event_id``."""
-        with self.arrived:
-            if not self.arrived.wait_for(lambda: event_id in self.decided_at, timeout_s):
-                raise SystemExit(f"event {event_id} was never decided")
-            decided = self.decided_at[event_id]
-            return self.committed.get(event_id, decided), decided
+PATHS = ("kmsg-file", "kmsg-device", "journald", "agent")
 
 
 def slurm_for_bench(root: Path) -> tuple[Any, str, Any]:
@@ -114,58 +95,22 @@ def slurm_for_bench(root: Path) -> tuple[Any, str, Any]:
     return FakeSlurm([NODE]), "a FakeSlurm (run as root with Slurm for the real one)", None
 
 
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def proc_rss_mib(pid: int, field: str = "VmRSS") -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def quantiles(samples: list[float]) -> dict[str, float]:
-    q = statistics.quantiles(samples, n=100, method="inclusive")
-    return {"n": len(samples), "p50_s": q[49], "p99_s": q[98], "max_s": max(samples)}
-
-
-def start_agent(root: Path, url: str, kmsg: Path) -> subprocess.Popen[bytes]:
-    (root / "tokens").write_text(format_tokens(TokenTable(ADMIN, {NODE: NODE_TOKEN})))
-    kmsg.touch()
-    argv = [
-        sys.executable, "-m", "agents", "run", "--node", NODE, "--coordinator", url,
-        "--token-file", str(root / "tokens"), "--sources", "kmsg,inject",
-        "--spool", str(root / "spool"), "--kmsg-file", str(kmsg),
-        "--simulated-gpus", str(GPUS), "--dedup-window", "600", "--kmsg-from", "start",
-    ]  # fmt: skip
-    log = open(root / "agent.log", "ab")  # noqa: SIM115 - the child keeps it
-    return subprocess.Popen(argv, stdout=log, stderr=log)
-
-
-def wait_connected(url: str, pid: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        agents = httpx.get(f"{url}/v1/agents", headers={"Authorization": f"Bearer {ADMIN}"})
-        if any(a["connected"] for a in agents.json()):
-            return
-        time.sleep(0.05)
-    raise SystemExit(f"the agent (pid {pid}) never polled; see its log")
-
-
 Samples = tuple[list[float], list[float]]
 
 
-def kmsg_latencies(stamps: Stamps, kmsg: Path, n: int, seed: int) -> Samples:
+def pause(rng: random.Random) -> None:
+    # A fault does not wait for the agent's next read of the log: without a random pause each
+    # write would come just after a read, and every sample would include a whole read
+    # interval instead of half of one on average.
+    time.sleep(rng.uniform(0, KMSG_INTERVAL_S))
+
+
+def file_latencies(stamps: Stamps, kmsg: Path, n: int, seed: int) -> Samples:
     boot, committed, decided = read_boot_id(), [], []
     rng = random.Random(seed)
     with open(kmsg, "a") as f:
         for i in range(n):
-            # A fault does not wait for the agent's next read of the log: without a random
-            # pause each write would come just after a read, and every sample would include a
-            # whole read interval instead of half of one on average.
-            time.sleep(rng.uniform(0, KMSG_INTERVAL_S))
+            pause(rng)
             line = f"[{1000 + i:12.6f}] " + format_fault_line("xid79", simulated_bus(i % GPUS))
             fault = parse_line(line)
             assert fault is not None
@@ -176,6 +121,41 @@ def kmsg_latencies(stamps: Stamps, kmsg: Path, n: int, seed: int) -> Samples:
             at_commit, at_decision = stamps.wait(eid)
             committed.append(at_commit - start)
             decided.append(at_decision - start)
+    return committed, decided
+
+
+def kernel_latencies(stamps: Stamps, path: str, n: int, seed: int) -> Samples:
+    """Lines written to /dev/kmsg, found by their markers. A first line (not counted) is
+    written again until the agent reports one: its source is then surely reading."""
+    run = f"{uuid.uuid4().hex[:8]}-{path}"
+
+    def write(i: int, tag: str) -> float:
+        message = format_fault_line("xid79", simulated_bus(i % GPUS), note=f"agent-bench {tag}")
+        # A descriptor of its own per line: the kernel lets one descriptor write only 10 lines
+        # per 5 s (printk_devkmsg=ratelimit) and drops the rest.
+        fd = os.open("/dev/kmsg", os.O_WRONLY)
+        try:
+            start = time.monotonic()
+            os.write(fd, f"<4>{message}\n".encode())  # the newline ends the record at once
+        finally:
+            os.close(fd)
+        return start
+
+    for attempt in range(60):
+        write(GPUS - 1, f"{run}-w{attempt}")
+        if stamps.wait_marker(f"{run}-w{attempt}", timeout_s=1.0) is not None:
+            break
+    else:
+        raise SystemExit(f"{path}: the agent reported none of the warm-up lines")
+    rng, committed, decided = random.Random(seed), [], []
+    for i in range(n):
+        pause(rng)
+        start = write(i, f"{run}-{i}")
+        got = stamps.wait_marker(f"{run}-{i}")
+        if got is None:
+            raise SystemExit(f"{path}: line {i} was never decided")
+        committed.append(got[0] - start)
+        decided.append(got[1] - start)
     return committed, decided
 
 
@@ -231,13 +211,67 @@ def cost(pid: int, stamps: Stamps, kmsg: Path, idle_s: float, flood: int) -> dic
     }
 
 
+def kernel_log_unavailable(path: str, enabled: bool) -> str | None:
+    """Why the ``kmsg-device`` or ``journald`` path cannot run here (None: it can)."""
+    if not enabled:
+        return "--no-kernel-log"
+    if os.geteuid() != 0 or not os.access("/dev/kmsg", os.W_OK):
+        return "needs root to write to /dev/kmsg"
+    if path == "journald":
+        if shutil.which("journalctl") is None:
+            return "no journalctl here"
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            probe.connect("/run/systemd/journal/socket")
+        except OSError:
+            return "no journald runs here"
+        finally:
+            probe.close()
+    return None
+
+
+def run_paths(args: argparse.Namespace, root: Path, url: str, stamps: Stamps) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    kmsg = root / "kmsg"
+    kmsg.touch()
+    agent = start_agent(root, url, "file", "kmsg,inject", kmsg, "start")
+    try:
+        wait_connected(url, agent.pid)
+        k = file_latencies(stamps, kmsg, args.injections, args.seed)
+        a = agent_latencies(stamps, url, args.injections)
+        figures["cost"] = cost(agent.pid, stamps, kmsg, args.idle_seconds, args.flood)
+    finally:
+        stop_agent(agent)
+    figures["kmsg-file"] = {**quantiles(k[1]), "to_commit": quantiles(k[0])}
+    figures["agent"] = {**quantiles(a[1]), "to_commit": quantiles(a[0])}
+    for path, sources in (("kmsg-device", "kmsg,inject"), ("journald", "journald,inject")):
+        why = kernel_log_unavailable(path, args.kernel_log)
+        if why is not None:
+            figures[path] = {"skipped": why}
+            continue
+        agent = start_agent(root, url, path, sources, Path("/dev/kmsg"), "end")
+        try:
+            wait_connected(url, agent.pid)
+            c, d = kernel_latencies(stamps, path, args.injections, args.seed)
+        finally:
+            stop_agent(agent)
+        figures[path] = {**quantiles(d), "to_commit": quantiles(c)}
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--injections", type=int, default=200, help="per path (>= 200 for p99)")
     p.add_argument("--idle-seconds", type=float, default=5.0)
     p.add_argument("--flood", type=int, default=10_000)
     p.add_argument("--seed", type=int, default=0, help="for the pauses between kernel lines")
-    p.add_argument("--dir", type=Path, default=None, help="journal, spool, kernel log")
+    p.add_argument(
+        "--no-kernel-log",
+        dest="kernel_log",
+        action="store_false",
+        help="do not write lines into this machine's kernel log (skips kmsg-device, journald)",
+    )
+    p.add_argument("--dir", type=Path, default=None, help="journal, spools, kernel log file")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="agent-bench-", dir=args.dir))
@@ -259,27 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         coordinator=engine,
         clock=clock,
     )
-    kmsg = root / "kmsg"
     try:
         engine.start()
         with ServerThread(app) as server:
-            agent = start_agent(root, server.url, kmsg)
             try:
-                wait_connected(server.url, agent.pid)
-                k_commit, k_decide = kmsg_latencies(stamps, kmsg, args.injections, args.seed)
-                a_commit, a_decide = agent_latencies(stamps, server.url, args.injections)
-                figures = {
-                    "slurm": where,
-                    "kmsg": quantiles(k_decide),
-                    "agent": quantiles(a_decide),
-                    "kmsg_to_commit": quantiles(k_commit),
-                    "agent_to_commit": quantiles(a_commit),
-                    "cost": cost(agent.pid, stamps, kmsg, args.idle_seconds, args.flood),
-                }
+                figures = {"slurm": where, **run_paths(args, root, server.url, stamps)}
             finally:
                 app.state.agents.broker.close()
-                agent.terminate()
-                agent.wait(30)
     finally:
         engine.stop()
         journal.close()
@@ -297,14 +317,17 @@ def report(figures: dict[str, Any]) -> str:
         f"{figures['slurm']} (one at a time; in brackets: to the event's journal commit)"
     ]
     rows.append(
-        f"{'path':<8}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'p50/t':>8}{'p99/t':>8}"
+        f"{'path':<12}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'p50/t':>8}{'p99/t':>8}"
     )
-    for path in ("kmsg", "agent"):
+    for path in PATHS:
         f = figures[path]
+        if "skipped" in f:
+            rows.append(f"{path:<12}  skipped: {f['skipped']}")
+            continue
         f["p50_ratio"], f["p99_ratio"] = f["p50_s"] / TARGET_P50_S, f["p99_s"] / TARGET_P99_S
-        c = figures[f"{path}_to_commit"]
+        c = f["to_commit"]
         rows.append(
-            f"{path:<8}{f['n']:>6}{f['p50_s'] * 1e3:>10.1f}{f['p99_s'] * 1e3:>10.1f}"
+            f"{path:<12}{f['n']:>6}{f['p50_s'] * 1e3:>10.1f}{f['p99_s'] * 1e3:>10.1f}"
             f"{f['max_s'] * 1e3:>10.1f}{f['p50_ratio']:>8.2f}{f['p99_ratio']:>8.2f}"
             f"   [{c['p50_s'] * 1e3:.1f} / {c['p99_s'] * 1e3:.1f} ms]"
         )

@@ -18,6 +18,9 @@ class Verdict(StrEnum):
 
     ignore = "ignore"
     """Record only."""
+    observe = "observe"
+    """Record and show to people (an XID the catalogue does not know, an NVSwitch error the
+    driver called non-fatal): worth a look, no action."""
     restart_app = "restart-app"
     """Requeue the jobs on the node; the node stays in service."""
     drain_reset = "drain-reset"
@@ -134,6 +137,9 @@ class Decision:
     escalated_from: Verdict | None = None
     policy_version: str = ""
     notes: tuple[str, ...] = field(default=())
+    node_failure: bool = True
+    """Whether the incident this decision opens counts as a failure of the node (for
+    escalation and flapping); False for the consequences of a job's own crash."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready form (actions via :meth:`Action.to_json`)."""
@@ -150,6 +156,7 @@ class Decision:
             "escalated_from": self.escalated_from.value if self.escalated_from else None,
             "policy_version": self.policy_version,
             "notes": list(self.notes),
+            "node_failure": self.node_failure,
         }
 
     @classmethod
@@ -168,4 +175,5 @@ class Decision:
             escalated_from=Verdict(d["escalated_from"]) if d["escalated_from"] else None,
             policy_version=d["policy_version"],
             notes=tuple(d["notes"]),
+            node_failure=bool(d.get("node_failure", True)),  # absent in older journals
         )

@@ -20,7 +20,8 @@ SCHEMA_VERSION = 1
 EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 #: Node names, as Slurm accepts them (see recovery.ports.slurm.NODE_NAME_RE).
 NODE_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$"
-#: Fault codes: ``xid<N>`` or a lower-case name (``gpu-lost``, ``node-unreachable``, ...).
+#: Fault codes: ``xid<N>`` (a GPU's XID), ``sxid<N>`` (an NVSwitch's SXid, its own family) or
+#: a lower-case name (``gpu-lost``, ``gpu-reset-required``, ``node-unreachable``, ...).
 #: Whether the code is known is the fault catalogue's business, not the schema's.
 FAULT_PATTERN = r"^[a-z][a-z0-9-]{0,47}$"
 #: A PCI bus id in NVML's form (``00000000:3B:00.0``) or the kernel's (``0000:3b:00``).
@@ -86,7 +87,9 @@ class HealthEvent(BaseModel):
     injected: bool = False
     agent_version: Annotated[str, StringConstraints(max_length=64)] = ""
     driver_action: DriverAction | None = None
-    """Only for XID 154: what the driver now wants; it overrides the catalogue's action."""
+    """What the driver says this occurrence needs, where it says so: XID 154's new recovery
+    action (it overrides the catalogue's), and ``none`` for an NVSwitch error (``sxid<N>``)
+    the driver reported non-fatal (it is then only observed)."""
 
 
 class EventBatch(BaseModel):

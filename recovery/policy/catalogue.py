@@ -1,7 +1,9 @@
 """The fault catalogue: a versioned table (``catalogue.yaml``, shipped with the package) of what
 each fault means and which verdict it gets.
 
-XIDs not listed get the catalogue's ``default_xid`` entry (under their own code); any other
+Two numbered families: GPU XIDs (``xid<N>``) and NVSwitch SXids (``sxid<N>``, never taken for
+an XID). A number not listed gets its family's default entry (``default_xid``,
+``default_sxid``: observe) under its own code, so it is reported, never dropped; any other
 unknown fault name is an error that lists the known ones.
 """
 
@@ -29,11 +31,13 @@ from recovery.policy._files import (
 
 #: Fault codes of NVIDIA XIDs: ``xid`` and the number, without leading zeros.
 XID_RE = re.compile(r"^xid(0|[1-9][0-9]{0,5})$")
+#: Fault codes of NVSwitch SXids: ``sxid`` and the number, without leading zeros.
+SXID_RE = re.compile(r"^sxid(0|[1-9][0-9]{0,5})$")
 
 _E = TypeVar("_E", bound=StrEnum)
 
 _REQUIRED = ("title", "severity", "verdict", "says")
-_OPTIONAL = ("can_save", "companions", "with_companion", "follows")
+_OPTIONAL = ("can_save", "companions", "with_companion", "follows", "job_fault")
 
 
 class Severity(StrEnum):
@@ -52,7 +56,9 @@ class FaultSpec:
     is False when the jobs cannot checkpoint on the way out (the GPU or node is gone).
     ``companions`` are faults that join this one's incident within the correlation window, and
     ``with_companion`` the verdict when one was seen within it (None: ``verdict``);
-    ``follows`` marks a fault that is only ever a consequence of another one.
+    ``follows`` marks a fault that is only ever a consequence of another one; ``job_fault``
+    one that is usually the job's own doing (its crash): it never takes the node out on its
+    own account (no escalation) and never counts as a failure of the node.
     """
 
     code: str
@@ -64,6 +70,17 @@ class FaultSpec:
     companions: frozenset[str] = frozenset()
     with_companion: Verdict | None = None
     follows: bool = False
+    job_fault: bool = False
+
+
+#: The SXid default of a catalogue file that has no ``default_sxid`` (older files).
+DEFAULT_SXID = FaultSpec(
+    code="sxid",
+    title="NVSwitch SXid not in this catalogue",
+    severity=Severity.warning,
+    verdict=Verdict.observe,
+    says="not in the catalogue shipped here; look it up in the Fabric Manager guide",
+)
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,7 @@ class Catalogue:
     version: str
     entries: Mapping[str, FaultSpec]
     default_xid: FaultSpec
+    default_sxid: FaultSpec
 
     def spec(self, fault: str) -> FaultSpec:
         """The entry for ``fault``; an unlisted ``xidN`` gets the default entry under its own
@@ -83,21 +101,27 @@ class Catalogue:
         return found
 
     def lookup(self, fault: str) -> FaultSpec | None:
-        """Like :meth:`spec`, but None for an unknown non-XID fault."""
+        """Like :meth:`spec`, but None for an unknown fault outside the numbered families."""
         if fault in self.entries:
             return self.entries[fault]
         if XID_RE.fullmatch(fault):
             return replace(self.default_xid, code=fault)
+        if SXID_RE.fullmatch(fault):
+            return replace(self.default_sxid, code=fault)
         return None
 
     def known(self) -> list[str]:
-        """The listed fault codes: XIDs by number, then the named faults alphabetically."""
+        """The listed fault codes: XIDs by number, SXids by number, then the named faults
+        alphabetically."""
         return sorted(self.entries, key=_order)
 
 
 def _order(code: str) -> tuple[int, int, str]:
     m = XID_RE.fullmatch(code)
-    return (0, int(m.group(1)), "") if m else (1, 0, code)
+    if m:
+        return (0, int(m.group(1)), "")
+    m = SXID_RE.fullmatch(code)
+    return (1, int(m.group(1)), "") if m else (2, 0, code)
 
 
 def default_catalogue_path() -> Path:
@@ -115,7 +139,7 @@ def load_catalogue(path: Path | None = None) -> Catalogue:
     path = path or default_catalogue_path()
     data = load_yaml_mapping(path)
     where = str(path)
-    check_keys(data, where, ("version", "default_xid", "faults"))
+    check_keys(data, where, ("version", "default_xid", "default_sxid", "faults"))
     for key in ("version", "default_xid", "faults"):
         if key not in data:
             raise PolicyFileError(f"{where}: missing key {key!r}")
@@ -125,20 +149,25 @@ def load_catalogue(path: Path | None = None) -> Catalogue:
     faults = require_mapping(data["faults"], f"{where}: faults")
     entries: dict[str, FaultSpec] = {}
     for code, raw in faults.items():
-        if code == "default_xid" or not re.fullmatch(r"[a-z][a-z0-9-]{0,47}", code):
+        if code.startswith("default_") or not re.fullmatch(r"[a-z][a-z0-9-]{0,47}", code):
             raise PolicyFileError(
                 f"{where}: fault {code!r}: codes are lower-case letters, digits and '-'"
             )
         entries[code] = _entry(code, raw, f"{where}: fault {code!r}")
     default = _entry("xid", data["default_xid"], f"{where}: default_xid")
-    for spec in (*entries.values(), default):
+    default_sxid = (
+        _entry("sxid", data["default_sxid"], f"{where}: default_sxid")
+        if "default_sxid" in data
+        else DEFAULT_SXID
+    )
+    for spec in (*entries.values(), default, default_sxid):
         for other in sorted(spec.companions):
             if other not in entries:
                 raise PolicyFileError(
                     f"{where}: fault {spec.code!r}: field 'companions': "
                     f"{unknown_choice('fault', other, entries)}"
                 )
-    return Catalogue(str(version), MappingProxyType(entries), default)
+    return Catalogue(str(version), MappingProxyType(entries), default, default_sxid)
 
 
 def _entry(code: str, raw: Any, where: str) -> FaultSpec:
@@ -164,6 +193,7 @@ def _entry(code: str, raw: Any, where: str) -> FaultSpec:
             else _choice(Verdict, data["with_companion"], f"{where}: field 'with_companion'")
         ),
         follows=boolean(data.get("follows", False), f"{where}: field 'follows'"),
+        job_fault=boolean(data.get("job_fault", False), f"{where}: field 'job_fault'"),
     )
 
 

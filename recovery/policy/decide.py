@@ -3,15 +3,21 @@
 Pure: no clock, no I/O. The order of the rules, each explained in the decision's ``why``:
 
 1. heartbeats, nodes Slurm does not know and unknown fault names are ignored (with a note);
-2. the verdict is the catalogue's, then XID 154's driver action, then the policy file's override,
-   raised to the catalogue's ``with_companion`` when a companion was seen within the
-   correlation window;
+2. the verdict is the catalogue's, then XID 154's driver action (an SXid the driver called
+   non-fatal is only observed), then the policy file's override, raised to the catalogue's
+   ``with_companion`` when a companion was seen within the correlation window;
 3. an event on a node with an active incident joins it: a repeat within the flood window, a
-   follower (XID 45), a companion within the correlation window (XID 48 with 63/64), or any
-   fault while the node is out. A joining event plans only what its worse verdict adds;
-4. otherwise a follower alone and an ignore verdict are ignored;
+   follower (XID 45), a companion within the correlation window (XID 48 with 63/64), another
+   line of the same job's crash, or any fault while the node is out. A joining event plans
+   only what its worse verdict adds. An
+   agent's summary of folded repeats (``count`` > 1) joins the node's last incident when that
+   holds its fault, however late it comes: one burst of lines is one episode;
+4. otherwise a follower alone, an ignore verdict and an observe verdict open nothing;
 5. otherwise a new incident opens; a failure within the escalation window of the last one
-   escalates its verdict one step, and a flapping node is replaced;
+   escalates its verdict one step, and a flapping node is replaced. Escalation and flapping
+   count incidents (episodes), never lines; and a fault that is usually the job's own doing
+   (the catalogue's ``job_fault``: XID 13, 31, 43, 45) is neither escalated nor counted as a
+   failure of the node, so a job's crash never takes its nodes out;
 6. take-outs beyond the breaker's limits are held.
 
 A take-out that replaces the node plans a promotion of the spare chosen from the view
@@ -62,6 +68,7 @@ DRIVER_VERDICTS: dict[DriverAction, Verdict] = {
 
 _STEP_UP = {
     Verdict.ignore: Verdict.ignore,
+    Verdict.observe: Verdict.observe,
     Verdict.restart_app: Verdict.drain_reset,
     Verdict.drain_reset: Verdict.replace_node,
     Verdict.replace_node: Verdict.replace_node,
@@ -79,6 +86,7 @@ class _Ctx:
     now: float
     version: str
     taken: Set[str]
+    catalogue: Catalogue | None = None
 
     def decision(
         self,
@@ -91,6 +99,7 @@ class _Ctx:
         held: bool = False,
         escalated_from: Verdict | None = None,
         notes: tuple[str, ...] = (),
+        node_failure: bool = True,
     ) -> Decision:
         extra = []
         if self.event.count > 1:
@@ -110,6 +119,7 @@ class _Ctx:
             escalated_from=escalated_from,
             policy_version=self.version,
             notes=(*notes, *extra),
+            node_failure=node_failure,
         )
 
 
@@ -130,7 +140,7 @@ def decide(
     Fold the result into the state with :func:`recovery.policy.advance`.
     """
     version = f"{catalogue.version}+{config.fingerprint()}"
-    ctx = _Ctx(event, view, config, state, now, version, taken)
+    ctx = _Ctx(event, view, config, state, now, version, taken, catalogue)
     if event.source is Source.heartbeat:
         return ctx.decision(Verdict.ignore, "heartbeats show liveness; they open no incident")
     if not view.has(event.node):
@@ -148,12 +158,15 @@ def decide(
         joined = _join(ctx, spec, verdict, why, active)
         if joined is not None:
             return joined
+    late = _late_summary(ctx, spec, why, ns)
+    if late is not None:
+        return late
     if spec.follows:
         return ctx.decision(
             Verdict.ignore, f"{why}; alone (no open incident on the node) it is ignored"
         )
-    if verdict is Verdict.ignore:
-        return ctx.decision(Verdict.ignore, why)
+    if verdict in (Verdict.ignore, Verdict.observe):
+        return ctx.decision(verdict, why)
     return _open(ctx, spec, verdict, why, ns)
 
 
@@ -163,6 +176,13 @@ def _verdict(spec: FaultSpec, event: HealthEvent, config: PolicyConfig) -> tuple
     if spec.code == "xid154" and event.driver_action is not None:
         verdict = DRIVER_VERDICTS[event.driver_action]
         why += f"; the driver asks for {event.driver_action}, so {verdict}"
+    elif (
+        spec.code.startswith("sxid")
+        and event.driver_action is DriverAction.none
+        and verdict.rank > Verdict.observe.rank
+    ):
+        verdict = Verdict.observe
+        why += "; the driver reported this occurrence non-fatal, so it is observed"
     override = config.verdicts.get(spec.code)
     if override is not None and override is not verdict:
         verdict = override
@@ -203,6 +223,8 @@ def _join_reason(ctx: _Ctx, spec: FaultSpec, inc: Incident) -> str | None:
         return f"a repeat within the flood window ({ctx.config.flood_window_s:g} s)"
     if spec.follows:
         return "it follows its companion"
+    if spec.job_fault and _job_fault(ctx, inc.fault):
+        return "another line of the same job's crash"
     for other in sorted(spec.companions & inc.faults.keys()):
         if ctx.now - inc.faults[other] <= ctx.config.correlation_window_s:
             return (
@@ -212,6 +234,11 @@ def _join_reason(ctx: _Ctx, spec: FaultSpec, inc: Incident) -> str | None:
     if inc.takes_out:
         return "the node is already out for it"
     return None
+
+
+def _job_fault(ctx: _Ctx, fault: str) -> bool:
+    spec = ctx.catalogue.lookup(fault) if ctx.catalogue is not None else None
+    return spec is not None and spec.job_fault
 
 
 def _join(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str, inc: Incident) -> Decision | None:
@@ -231,7 +258,23 @@ def _join(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str, inc: Incident)
     return ctx.decision(verdict, why, incident=inc.id, actions=actions, held=held)
 
 
+def _late_summary(ctx: _Ctx, spec: FaultSpec, why: str, ns: NodeState) -> Decision | None:
+    """An agent's summary of repeats it folded (``count`` > 1) of a fault the node's last
+    incident holds: part of that incident's episode, however long the agent's window took.
+    Opening a new incident for it would count one burst of lines as two episodes."""
+    inc = ns.incident
+    if ctx.event.count <= 1 or inc is None or spec.code not in inc.faults:
+        return None
+    why = (
+        f"{why}; joins incident {inc.id} ({inc.fault}, {inc.verdict}): the agent's summary of "
+        f"{ctx.event.count} repeats of a fault the incident already holds (one episode)"
+    )
+    return ctx.decision(inc.verdict, why, incident=inc.id)
+
+
 def _open(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str, ns: NodeState) -> Decision:
+    if spec.job_fault:
+        return _open_job_fault(ctx, spec, verdict, why)
     base = verdict
     notes: list[str] = []
     last = ns.failures[-1] if ns.failures else None
@@ -263,6 +306,21 @@ def _open(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str, ns: NodeState)
         held=held,
         escalated_from=base if escalated else None,
         notes=tuple(notes),
+    )
+
+
+def _open_job_fault(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str) -> Decision:
+    """A new incident for a fault that is usually the job's own doing: its verdict as it is
+    (never escalated, whatever the node's past), not counted as a failure of the node."""
+    why += (
+        "; usually the job's own doing (its crash reports it on every node it ran on): not "
+        "escalated and not counted as a failure of the node"
+    )
+    actions = _plan(ctx, spec, verdict, escalated=False)
+    held, why = _breaker(ctx, verdict, why, None)
+    inc = incident_id(ctx.event.id)
+    return ctx.decision(
+        verdict, why, incident=inc, opens=True, actions=actions, held=held, node_failure=False
     )
 
 

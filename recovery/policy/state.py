@@ -219,8 +219,9 @@ def advance(state: PolicyState, event: HealthEvent, decision: Decision, now: flo
             events=event.count,
             held=decision.held,
         )
-        failures = (*ns.failures, Failure(now, decision.verdict))[-MAX_FAILURES:]
-        ns = replace(ns, failures=failures)
+        if decision.node_failure:  # a job's own crash is no failure of its nodes
+            failures = (*ns.failures, Failure(now, decision.verdict))[-MAX_FAILURES:]
+            ns = replace(ns, failures=failures)
     else:
         inc = replace(
             inc,

@@ -11,7 +11,7 @@ from typing import Any
 from recovery.model import HealthEvent, Source
 
 #: Longest a test waits for a condition another thread or process must bring about.
-WAIT_S = 10.0
+WAIT_S = 30.0
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:

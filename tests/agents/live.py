@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from recovery.httpapi.agents_api import AgentChannel
 from recovery.httpapi.app import create_app
 from recovery.httpapi.auth import format_tokens
@@ -72,6 +74,16 @@ class LiveCoordinator:
     def stored(self) -> list[Any]:
         return [s.event for s, _ in self.journal.history()]
 
+    def duplicates(self) -> int:
+        """Events received since the last start whose id the journal already had (what an
+        agent sent twice), from the API's own metrics."""
+        with httpx.Client(base_url=self.url, timeout=10) as http:
+            text = http.get("/metrics").text
+        for line in text.splitlines():
+            if line.startswith('recover_intake_events_total{outcome="duplicate"}'):
+                return int(float(line.split()[-1]))
+        return 0
+
 
 class AgentProcess:
     """``python -m agents run`` for ``node`` in a child process; its log goes to a file (a
@@ -129,6 +141,10 @@ class AgentProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def spool_empty(self) -> bool:
+        """Nothing waits in the spool: every event was acknowledged."""
+        return not any(p.name[:1].isdigit() for p in self.spool.glob("*.json"))
 
     def write_lines(self, lines: list[str]) -> None:
         with open(self.kmsg, "a") as f:

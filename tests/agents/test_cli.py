@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agents.cli import app, parse_buses, parse_file
+from agents.cli import app, parse_buses
+from agents.logfile import parse_file
 from recovery.errors import UsageError
 from recovery.model import HealthEvent
 
@@ -19,12 +20,42 @@ GPUS = ["2=00000000:86:00.0", "5=00000000:3B:00.0"]
 def test_text_lists_every_fault_line_with_its_line_number() -> None:
     text = parse_file(INCIDENT, "gpu-n3", False, buses=parse_buses(GPUS))
     lines = text.splitlines()
-    assert lines[0].startswith("line 5: xid95 gpu 2 00000000:86:00.0: XID 95 on ")
-    assert [line.split(":")[0] for line in lines[:-1]] == [
+    events = [ln for ln in lines if ln.startswith("line ")]
+    assert events[0].startswith("line 5: xid95 gpu 2 00000000:86:00.0: XID 95 on ")
+    assert events[0].endswith("[[seconds]]")  # the presentation found
+    assert [ln.split(":")[0] for ln in events] == [
         "line 5", "line 6", "line 7", "line 9", "line 10", "line 11"
     ]  # fmt: skip
-    assert lines[-2].startswith("line 11: xid79 gpu 5 00000000:3B:00.0: no XID number")
-    assert lines[-1] == f"{INCIDENT}: 6 event(s) from 12 line(s); faults: xid79, xid95"
+    assert events[-1].startswith("line 11: xid79 gpu 5 00000000:3B:00.0: no XID number")
+    # What mentions the driver but reports nothing is shown, so a miss cannot hide.
+    silent = lines[len(events) :]
+    assert silent[0] == "3 line(s) mention the driver but report no fault:"
+    assert [ln.split(":")[0].strip() for ln in silent[1:-1]] == ["line 3", "line 8", "line 12"]
+    assert lines[-1] == (
+        f"{INCIDENT}: 6 event(s) from 12 line(s); faults: xid79, xid95; forms: [seconds] (6)"
+    )
+
+
+@pytest.mark.parametrize(("sample", "unit"), [("journal.json", "line(s)"),
+                                              ("journal.export", "journal entries")])  # fmt: skip
+def test_journal_json_and_export_files_give_the_kernel_faults_only(sample: str, unit: str) -> None:
+    path = INCIDENT.parent / sample
+    events = [HealthEvent.model_validate(e) for e in json.loads(parse_file(path, "n1", True))]
+    assert [e.fault for e in events] == [
+        "xid48", "xid79", "xid79", "xid95", "sxid24007", "gpu-reset-required"
+    ]  # fmt: skip
+    assert events[1].message.endswith("not responding to commands.")  # three lines, one event
+    assert "tr\ufffdin" in events[2].message  # MESSAGE as bytes, not valid UTF-8
+    text = parse_file(path, "n1", False)
+    assert "[journal: syslog myapp] NVRM: Xid" in text  # a program's line: listed, no event
+    assert f"6 event(s) from 9 {unit}" in text.splitlines()[-1]
+
+
+def test_json_pretty_output_is_read_entry_by_entry(tmp_path: Path) -> None:
+    entries = [json.loads(ln) for ln in (INCIDENT.parent / "journal.json").read_text().splitlines()]
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text("\n".join(json.dumps(e, indent=2) for e in entries) + "\n")
+    assert len(json.loads(parse_file(pretty, "n1", True))) == 6
 
 
 def test_json_is_an_array_of_schema_events() -> None:

@@ -129,3 +129,44 @@ def test_folded_events_add_their_own_counts(clock: FakeClock) -> None:
 def test_window_must_be_positive(clock: FakeClock, window: float) -> None:
     with pytest.raises(ValueError, match="window_s must be > 0"):
         Deduplicator(clock, window_s=window)
+
+
+def _from_line(line: str, n: int) -> HealthEvent:
+    fault = parse_line(line)
+    assert fault is not None
+    return to_event(fault, node="n1", boot_id="b", observed_at=1.8e9 + n)
+
+
+def test_an_xid79_and_its_fallen_off_the_bus_line_are_one_fault(clock: FakeClock) -> None:
+    """The same GPU, the same burst, any spelling of its bus id, no bus map: one event now,
+    the other folded into it."""
+    d = Deduplicator(clock, window_s=30)
+    xid = _from_line("[1.000001] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", 0)
+    fell = _from_line("[1.000101] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", 1)
+    assert (xid.accelerator, fell.accelerator) == (None, None)
+    assert d.offer(xid) == [xid]
+    assert d.offer(fell) == []
+    (summary,) = d.drain()
+    assert summary.count == 1
+
+
+def test_two_gpus_without_a_bus_map_are_never_folded_together(clock: FakeClock) -> None:
+    d = Deduplicator(clock, window_s=30)
+    a = _from_line("[1.0] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", 0)
+    b = _from_line("[1.1] NVRM: Xid (PCI:0000:86:00): 79, GPU has fallen off the bus.", 1)
+    assert d.offer(a) == [a]
+    assert d.offer(b) == [b]
+
+
+def test_a_new_recovery_action_or_a_fatal_sxid_is_news(clock: FakeClock) -> None:
+    d = Deduplicator(clock, window_s=30)
+    text = "NVRM: Xid (PCI:0000:86:00): 154, GPU recovery action changed from {} to {}"
+    first = _from_line(text.format("0x0 (None)", "0x1 (GPU Reset Required)"), 0)
+    worse = _from_line(text.format("0x1 (GPU Reset Required)", "0x2 (Node Reboot Required)"), 1)
+    assert d.offer(first) == [first]
+    assert d.offer(worse) == [worse]
+    sxid = "nvidia-nvswitch0: SXid (PCI:0000:c5:00.0): 24007, {}, Link 4 sourcetrack timeout"
+    calm = _from_line(sxid.format("Non-fatal"), 2)
+    fatal = _from_line(sxid.format("Fatal"), 3)
+    assert d.offer(calm) == [calm]
+    assert d.offer(fatal) == [fatal]

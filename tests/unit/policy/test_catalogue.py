@@ -14,7 +14,9 @@ from recovery.policy import Catalogue, PolicyFileError, Severity, load_catalogue
 
 from .helpers import Run
 
-IG, R, D, X = Verdict.ignore, Verdict.restart_app, Verdict.drain_reset, Verdict.replace_node
+IG, OB, R, D, X = (
+    Verdict.ignore, Verdict.observe, Verdict.restart_app, Verdict.drain_reset, Verdict.replace_node
+)  # fmt: skip
 
 # The expected table, written out independently of catalogue.yaml (NVIDIA's immediate actions).
 EXPECTED: dict[str, Verdict] = {
@@ -24,7 +26,19 @@ EXPECTED: dict[str, Verdict] = {
     "xid143": D, "xid144": IG, "xid145": IG, "xid146": IG, "xid147": IG, "xid148": IG, "xid149": IG,
     "xid150": IG, "xid154": IG, "gpu-lost": X, "ecc-uncorrected": D, "row-remap-failure": X,
     "tpu-runtime-error": R, "tpu-runtime-gone": R, "node-unreachable": X, "heartbeat-lost": IG,
+    "gpu-reset-required": D,
 }  # fmt: skip
+# NVSwitch SXids the Fabric Manager guide calls potentially fatal (reset GPUs and switches)
+# and always fatal (restart the host); both as reported Fatal.
+SXID_RESET = [
+    11001, 11009, 11013, 11018, 11019, 11020, 12001, 12002, 12022, 12024, 12025, 12026, 12027,
+    12030, 12031, 12032, 14017, 15001, 15006, 15009, 15010, 15012, 15013, 19047, 19048, 19054,
+    19056, 19058, 19060, 19061, 19063, 19064, 19066, 19067, 19069, 19070, 20034, 22012, 24004,
+    24005, 24006, 24007,
+]  # fmt: skip
+SXID_HOST = [12020, 22003, 22011, *range(23001, 23018)]
+EXPECTED |= {f"sxid{n}": D for n in SXID_RESET} | {f"sxid{n}": X for n in SXID_HOST}
+JOB_FAULTS = {"xid13", "xid31", "xid43", "xid45"}
 
 # Action kinds per fault class on a healthy node, in order.
 PLANS = {
@@ -33,12 +47,15 @@ PLANS = {
     D: [Drain, SaveThenRequeue, PromoteSpare],
     X: [TakeDown, PromoteSpare],
 }
-NO_SAVE = {"xid79", "gpu-lost", "node-unreachable"}
+NO_SAVE = {"xid79", "gpu-lost", "node-unreachable", "gpu-reset-required"} | {
+    f for f in EXPECTED if f.startswith("sxid")
+}
 
 
 def test_catalogue_lists_exactly_the_expected_faults(catalogue: Catalogue) -> None:
     assert sorted(catalogue.known()) == sorted(EXPECTED)
-    assert catalogue.version == "2026.12.1"
+    assert catalogue.version == "2026.12.2"
+    assert {c for c in catalogue.known() if catalogue.spec(c).job_fault} == JOB_FAULTS
 
 
 @pytest.mark.parametrize(("fault", "verdict"), sorted(EXPECTED.items()))
@@ -53,9 +70,12 @@ def test_every_entry_has_its_verdict_and_plan(
     assert spec.can_save is (fault not in NO_SAVE)
     d = run.send(fault)
     assert d.verdict is verdict
-    assert [type(a) for a in d.actions] == PLANS[verdict]
+    plan = [TakeDown, PromoteSpare] if verdict is D and not spec.can_save else PLANS[verdict]
+    assert [type(a) for a in d.actions] == plan
     assert all(a.node == "n1" for a in d.actions)
-    assert d.opens is (verdict is not IG)
+    assert d.opens is (verdict not in (IG, OB))
+    if d.opens:  # a job's crash is no failure of its nodes
+        assert d.node_failure is (fault not in JOB_FAULTS)
     assert d.policy_version.startswith(catalogue.version)
     for a in d.actions:
         if isinstance(a, TakeDown | Drain):
@@ -79,9 +99,20 @@ def test_dcgm_failure_classes_are_critical(catalogue: Catalogue) -> None:
 def test_unlisted_xid_gets_the_default_entry_under_its_own_code(catalogue: Catalogue) -> None:
     spec = catalogue.spec("xid14")
     assert spec.code == "xid14"
-    assert spec.verdict is Verdict.ignore
+    assert spec.verdict is Verdict.observe  # reported for a person, never dropped
     assert spec.title == catalogue.default_xid.title
     assert "xid14" not in catalogue.known()
+
+
+def test_sxids_are_their_own_family_never_xids(catalogue: Catalogue) -> None:
+    unlisted = catalogue.spec("sxid12028")  # non-fatal in the guide: not listed
+    assert (unlisted.code, unlisted.verdict) == ("sxid12028", Verdict.observe)
+    assert unlisted.title == catalogue.default_sxid.title
+    assert catalogue.spec("sxid79").title != catalogue.spec("xid79").title
+    assert catalogue.spec("xid24007").verdict is Verdict.observe  # an XID of that number
+    known = catalogue.known()
+    assert known.index("xid154") < known.index("sxid11001") < known.index("sxid23017")
+    assert known.index("sxid23017") < known.index("ecc-uncorrected")
 
 
 def test_unknown_named_fault_lists_the_known_ones(catalogue: Catalogue) -> None:
@@ -116,7 +147,10 @@ def _cat(**faults: object) -> dict[str, object]:
         ("version: [1\n", "not valid YAML"),
         ("- a\n", "expected a mapping"),
         ({"default_xid": GOOD_ENTRY, "faults": {}}, "missing key 'version'"),
-        ({**_cat(), "extra": 1}, "unknown key 'extra'. Valid keys: default_xid, faults, version"),
+        (
+            {**_cat(), "extra": 1},
+            "unknown key 'extra'. Valid keys: default_sxid, default_xid, faults, version",
+        ),
         (_cat(xid1={**GOOD_ENTRY, "verdict": "reboot"}),
          "fault 'xid1': field 'verdict': Unknown verdict 'reboot'. Known: drain-reset, ignore"),
         (_cat(xid1={**GOOD_ENTRY, "severity": "fatal"}),

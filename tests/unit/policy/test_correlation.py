@@ -221,9 +221,10 @@ def test_unknown_fault_is_ignored_with_the_known_ones(run: Run) -> None:
     assert "Unknown fault 'gpu-melted'. Known: " in d.notes[0]
 
 
-def test_unlisted_xid_is_ignored_by_default(run: Run) -> None:
+def test_unlisted_xid_is_reported_and_observed_by_default(run: Run) -> None:
     d = run.send("xid14")
-    assert d.verdict is Verdict.ignore
+    assert d.verdict is Verdict.observe
+    assert (d.actions, d.incident) == ((), None)
     assert "not in the catalogue" in d.why
 
 

@@ -31,29 +31,29 @@ def repair(run: Run, at: float, name: str = "n1") -> bool:
 def test_escalation_chain_restart_drain_replace(make_run: Callable[..., Run]) -> None:
     # Flapping off, so that only escalation acts.
     run = make_run(config=PolicyConfig(flapping=FlappingConfig(threshold=100)))
-    first = run.send("xid13", at=0)
+    first = run.send("xid94", at=0)
     assert first.verdict is Verdict.restart_app
     assert first.escalated_from is None
-    second = run.send("xid13", at=FLOOD + 1)
+    second = run.send("xid94", at=FLOOD + 1)
     assert second.opens
     assert second.verdict is Verdict.drain_reset
     assert second.escalated_from is Verdict.restart_app
     assert [a.kind for a in second.actions] == ["drain", "save-requeue", "promote"]
     assert "escalated" in second.actions[0].reason  # type: ignore[attr-defined]
     assert repair(run, at=FLOOD + 100)
-    third = run.send("xid13", at=FLOOD + 200)
+    third = run.send("xid94", at=FLOOD + 200)
     assert third.verdict is Verdict.replace_node
     assert third.escalated_from is Verdict.restart_app
     assert [a.kind for a in third.actions] == ["down", "promote"]
     assert repair(run, at=FLOOD + 300)
-    fourth = run.send("xid13", at=FLOOD + 400)
+    fourth = run.send("xid94", at=FLOOD + 400)
     assert fourth.verdict is Verdict.replace_node
 
 
 @pytest.mark.parametrize(("gap", "escalates"), [(ESC, True), (ESC + 0.001, False)])
 def test_escalation_window_edge(run: Run, gap: float, escalates: bool) -> None:
-    run.send("xid13", at=0)
-    d = run.send("xid31", at=gap)
+    run.send("xid94", at=0)
+    d = run.send("xid68", at=gap)
     assert d.opens
     assert d.verdict is (Verdict.drain_reset if escalates else Verdict.restart_app)
     assert (d.escalated_from is Verdict.restart_app) is escalates
@@ -62,13 +62,13 @@ def test_escalation_window_edge(run: Run, gap: float, escalates: bool) -> None:
 def test_ignored_faults_are_not_failures(run: Run) -> None:
     for i in range(5):
         run.send("xid43", at=i)
-    assert run.send("xid13", at=10).escalated_from is None
+    assert run.send("xid94", at=10).escalated_from is None
     assert len(run.state.node("n1").failures) == 1
 
 
 def test_escalation_is_per_node(run: Run) -> None:
-    run.send("xid13", node="n1", at=0)
-    assert run.send("xid13", node="n2", at=1).verdict is Verdict.restart_app
+    run.send("xid94", node="n1", at=0)
+    assert run.send("xid94", node="n2", at=1).verdict is Verdict.restart_app
 
 
 def test_flapping_node_is_replaced_and_stays_out(make_run: Callable[..., Run]) -> None:

@@ -51,9 +51,9 @@ def test_override_and_breaker_changes_are_listed(run: Run, catalogue: Catalogue)
 
 
 def test_replay_refolds_state_under_the_new_policy(run: Run, catalogue: Catalogue) -> None:
-    # Recorded: xid13 twice within the flood window (one incident). With a 10 s flood window
+    # Recorded: xid94 twice within the flood window (one incident). With a 10 s flood window
     # the second opens a new, escalated incident.
-    history = _history(run, [("xid13", "n1", 0), ("xid13", "n1", 100)])
+    history = _history(run, [("xid94", "n1", 0), ("xid94", "n1", 100)])
     diffs = replay(
         history, run.view, PolicyConfig(flood_window_s=10, correlation_window_s=10), catalogue
     )
