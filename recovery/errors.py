@@ -12,6 +12,7 @@ Library errors are chained with ``raise ... from e`` so the original cause stays
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 
@@ -38,9 +39,32 @@ class UsageError(RecoverError):
 
 
 def unknown_choice(kind: str, value: object, known: Iterable[object]) -> UsageError:
-    """Build the standard "Unknown <kind> 'x'. Known: a, b, c" error."""
-    names = ", ".join(sorted(str(k) for k in known)) or "(none)"
-    return UsageError(f"Unknown {kind} {value!r}. Known: {names}")
+    """Build the standard "Unknown <kind> 'x'. Known: a, b, c" error.
+
+    Names are listed alphabetically, numbered ones (``xid79``) by number after the plain ones;
+    a family of more than :data:`_LIST_AT_MOST` numbered names (the catalogue's NVSwitch
+    SXids) is summarised by its count and range, so the common names stay in a message that
+    HTTP clients cut at 500 characters."""
+    plain: list[str] = []
+    families: dict[str, list[tuple[int, str]]] = {}
+    for k in {str(k) for k in known}:
+        m = _NUMBERED.fullmatch(k)
+        if m:
+            families.setdefault(m.group(1), []).append((int(m.group(2)), k))
+        else:
+            plain.append(k)
+    parts = sorted(plain)
+    for prefix in sorted(families):
+        numbered = [name for _, name in sorted(families[prefix])]
+        if len(numbered) > _LIST_AT_MOST:
+            parts.append(f"{len(numbered)} {prefix}<N> ({numbered[0]} ... {numbered[-1]})")
+        else:
+            parts.extend(numbered)
+    return UsageError(f"Unknown {kind} {value!r}. Known: {', '.join(parts) or '(none)'}")
+
+
+_NUMBERED = re.compile(r"([a-z]+)(\d+)")
+_LIST_AT_MOST = 40
 
 
 # --- checkpoints -----------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_a_good_file_loads_with_its_defaults() -> None:
         (GOOD.replace("{step: 4}", "{job: crashed}"), 8, "faults[0].when.job",
          ["'requeued' or 'restarted'", "got 'crashed'"]),
         (GOOD + "expect:\n  verdicts: [replace, reboot]\n", 10, "expect.verdicts[1]",
-         ["'ignore', 'restart-app', 'drain-reset' or 'replace'", "got 'reboot'"]),
+         ["'ignore', 'observe', 'restart-app', 'drain-reset' or 'replace'", "got 'reboot'"]),
         (GOOD + "expect:\n  phases: {detecton: 4}\n", 10, "expect.phases.detecton",
          ["'detection'", "'no_progress'", "got 'detecton'"]),
         (GOOD.replace("  save_every: 4", "  save_every: 4\n  model: mlp-huge"), 6, "job.model",
