@@ -19,12 +19,13 @@ snapshots (nodes, jobs, incidents); the :class:`Reconciler` applies what they re
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
 
 from recovery.coordinator.executor import Executor
+from recovery.coordinator.jobwatch import JobWatch
 from recovery.coordinator.kube import KubeFollow, finished
 from recovery.coordinator.rules import Rules
 from recovery.errors import TransientError, UsageError
@@ -84,12 +85,17 @@ class JobProgress:
     resolved: bool
 
 
-def follow_jobs(incident: IncidentRecord, by_id: Mapping[str, JobInfo]) -> JobProgress:
+def follow_jobs(
+    incident: IncidentRecord,
+    by_id: Mapping[str, JobInfo],
+    awaiting: Set[str] = frozenset(),
+) -> JobProgress:
     """Phases the incident's jobs reached, from one ``squeue`` snapshot (jobs by id).
 
     ``jobs-requeued`` once a job is pending again or its restart count rose; ``job-running``
     once every job that is still known runs again after a restart. Jobs Slurm forgot or that
-    finished count as resolved.
+    finished count as resolved, except those in ``awaiting``: ended jobs whose requeue the
+    coordinator noted and Slurm has not confirmed yet (:meth:`JobWatch.awaiting`).
     """
     initial = incident.info.get("job_restarts", {})
     have = {p.name for p in incident.phases}
@@ -99,7 +105,7 @@ def follow_jobs(incident: IncidentRecord, by_id: Mapping[str, JobInfo]) -> JobPr
     unresolved = 0
     for job_id in incident.jobs:
         job = by_id.get(job_id)
-        if job is None or (job.finished and job.state != "PENDING"):
+        if job is None or (job.finished and job_id not in awaiting):
             continue
         restarted = job.restart_count > int(initial.get(job_id, 0))
         if restarted or job.state == "PENDING":
@@ -199,6 +205,7 @@ class Reconciler:
         clock: Clock,
         rules: Rules,
         executor: Executor,
+        watch: JobWatch,
         kube: KubeFollow | None,
         heartbeats: Heartbeats | None,
         checker: RepairChecker | None,
@@ -215,6 +222,7 @@ class Reconciler:
         self._clock = clock
         self._rules = rules
         self._executor = executor
+        self._watch = watch
         self._kube = kube
         self._heartbeats = heartbeats
         self._checker = checker
@@ -234,6 +242,7 @@ class Reconciler:
             ("heartbeats", self._watch_heartbeats),
             ("repair-checks", self._repair_checks),
             ("kubernetes", self._kubernetes),
+            ("ended-jobs", self._ended_jobs),
             ("incidents", self._incidents),
         )
 
@@ -347,11 +356,16 @@ class Reconciler:
         seen_at = seen.at.mono if seen.at else None
         self._kube.reconcile(self._journal.incidents(open_only=True), seen.by_name, seen_at)
 
+    def _ended_jobs(self, seen: Snapshot, now: Stamp) -> None:
+        """Jobs of a node taken out that ended before Slurm could requeue them: requeued,
+        or the reason why not recorded (:mod:`recovery.coordinator.jobwatch`)."""
+        self._watch.step(self._journal.incidents(open_only=True), seen.jobs)
+
     def _incidents(self, seen: Snapshot, now: Stamp) -> None:
         """Phases the jobs reached; an incident whose actions are settled, whose jobs run
         again (or ended) and whose Kubernetes steps are done is closed."""
         for inc in self._journal.incidents(open_only=True):
-            progress = follow_jobs(inc, seen.jobs_by_id)
+            progress = follow_jobs(inc, seen.jobs_by_id, self._watch.awaiting(inc.id))
             for name, detail in progress.phases:
                 self._journal.add_phase(inc.id, Phase(name, now, detail))
             kube_done = self._kube is None or finished(inc, self._kube.mode)
