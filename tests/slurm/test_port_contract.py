@@ -54,9 +54,10 @@ class Side(Protocol):
         """``probe()`` once it holds: the real cluster gets a few seconds, the fake none."""
         ...
 
-    def failed_job(self, node: str, *, requeueable: bool = True) -> str:
-        """A job on ``node`` whose training process died of SIGABRT while its batch shell
-        lived on (the shell passed 134 on): FAILED once this returns; returns its id."""
+    def ended_job(self, node: str, *, aborted: bool = True, requeueable: bool = True) -> str:
+        """A job on ``node`` that ended: ``aborted``, its training process died of SIGABRT
+        while its batch shell lived on (the shell passed 134 on: FAILED); else it exited 0
+        (COMPLETED). Returns its id once it ended."""
         ...
 
 
@@ -76,9 +77,12 @@ class FakeSide:
         assert got, f"the fake should hold at once: {what} (got {got!r})"
         return got
 
-    def failed_job(self, node: str, *, requeueable: bool = True) -> str:
+    def ended_job(self, node: str, *, aborted: bool = True, requeueable: bool = True) -> str:
         job = self.fake.run_job([node], name="contract", requeueable=requeueable)
-        self.fake.fail_job(job, 134)
+        if aborted:
+            self.fake.fail_job(job, 134)
+        else:
+            self.fake.finish_job(job)
         return job
 
 
@@ -113,10 +117,10 @@ class RealSide:
     def settle(self, probe: Callable[[], T | None], what: str) -> T:
         return wait_for(probe, 15, what)
 
-    def failed_job(self, node: str, *, requeueable: bool = True) -> str:
+    def ended_job(self, node: str, *, aborted: bool = True, requeueable: bool = True) -> str:
         job_id = self.admin.submit(
             BatchJob(
-                script=ABORTED,
+                script=ABORTED if aborted else "#!/bin/bash\nexit 0\n",
                 options={
                     "requeue" if requeueable else "no-requeue": None,
                     "job-name": "contract",
@@ -126,7 +130,7 @@ class RealSide:
                 workdir=str(self.job_dir),
             )
         )
-        wait_for(lambda: self.admin.job(job_id).state == "FAILED", 15, f"job {job_id} FAILED")
+        wait_for(lambda: self.admin.job(job_id).finished, 15, f"job {job_id} ended")
         return job_id
 
 
@@ -357,7 +361,7 @@ def test_requeue_is_idempotent(side: Side) -> None:
 
 
 def test_an_ended_job_reads_with_its_status_end_and_nodes(side: Side) -> None:
-    job = side.failed_job("node2")
+    job = side.ended_job("node2")
     info = side.ctl.job(job)
     assert (info.state, info.exit_code, info.signal) == ("FAILED", 134, None)
     assert (info.nodes, info.restart_count, info.requeueable) == (("node2",), 0, True)
@@ -368,7 +372,7 @@ def test_an_ended_job_reads_with_its_status_end_and_nodes(side: Side) -> None:
 
 @pytest.mark.writes("requeue")
 def test_requeue_ended_requeues_one_run_once(side: Side) -> None:
-    job = side.failed_job("node1")
+    job = side.ended_job("node1")
     assert side.ctl.requeue_ended(job, 1) is False  # not the run that ended
     assert side.ctl.job(job).state == "FAILED"
     assert side.ctl.requeue_ended(job, 0) is True
@@ -389,11 +393,14 @@ def test_requeue_ended_of_a_live_job_is_a_no_op(side: Side) -> None:
 
 @pytest.mark.writes("requeue")
 def test_requeue_ended_of_a_no_requeue_job_is_refused(side: Side) -> None:
-    job = side.failed_job("node1", requeueable=False)
-    assert side.ctl.job(job).requeueable is False
+    # A completed job, so that no later test's coordinator takes it for a fault's victim
+    # (slurmctld keeps it for MinJobAge, and a --no-requeue job cannot be tidied away).
+    job = side.ended_job("node1", aborted=False, requeueable=False)
+    info = side.ctl.job(job)
+    assert (info.state, info.exit_code, info.requeueable) == ("COMPLETED", 0, False)
     with pytest.raises(SlurmRefusedError, match="disabled"):
         side.ctl.requeue_ended(job, 0)
-    assert side.ctl.job(job).state == "FAILED"
+    assert side.ctl.job(job).state == "COMPLETED"
 
 
 def test_cancel_is_idempotent(side: Side) -> None:
