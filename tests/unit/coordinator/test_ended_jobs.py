@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from recovery.cli.render import render_incident
+from recovery.httpapi.models import incident_detail
 from recovery.policy import BreakerConfig, PolicyConfig
 from recovery.policy.requeue import RequeueConfig
 from recovery.ports.journal import IncidentStatus, RequeueOutcome
@@ -362,3 +364,17 @@ def test_a_job_requeued_from_the_node_long_before_is_not_this_faults(rig: Rig) -
     rig.engine.step()
     rig.send(event("n3", "xid79", observed_at=rig.clock.now().wall))
     assert rig.incident("n3").jobs == ()
+
+
+def test_recover_incidents_shows_the_jobs_and_their_requeues(rig: Rig) -> None:
+    job = rig.slurm.run_job(["n1"])
+    rig.slurm.fail_job(job)
+    rig.send(event("n1", "xid79", observed_at=rig.clock.now().wall))
+    rig.engine.step()
+    inc = rig.incident("n1")
+    doc = incident_detail(inc, []).model_dump(mode="json")
+    text = render_incident(doc)
+    assert f"jobs: {job}" in text
+    assert f"job {job} (FAILED exit 134 at " in text
+    assert "): requeued: requeued by the coordinator" in text
+    assert "job-ended" in text
