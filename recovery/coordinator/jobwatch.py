@@ -228,19 +228,24 @@ class JobWatch:
 
     # --- the reconcile step -----------------------------------------------------------------
 
-    def step(self, incidents: Iterable[IncidentRecord], jobs: Sequence[JobInfo]) -> None:
+    def step(
+        self,
+        incidents: Iterable[IncidentRecord],
+        by_node: Mapping[str, Sequence[JobInfo]],
+        by_id: Mapping[str, JobInfo],
+    ) -> None:
         """The ``ended-jobs`` step: every open incident's ended jobs judged, and requeued or
-        refused (see the module's docstring)."""
-        by_id = {j.job_id: j for j in jobs}
+        refused (see the module's docstring). ``by_node``: the jobs whose node list names
+        each node; ``by_id``: every job."""
         awaiting: dict[str, frozenset[str]] = {}
         for inc in incidents:
-            waits = self._follow(inc, jobs, by_id)
+            waits = self._follow(inc, by_node.get(inc.node, ()), by_id)
             if waits:
                 awaiting[inc.id] = frozenset(waits)
         self._awaiting = awaiting
 
     def _follow(
-        self, inc: IncidentRecord, jobs: Sequence[JobInfo], by_id: Mapping[str, JobInfo]
+        self, inc: IncidentRecord, listing: Sequence[JobInfo], by_id: Mapping[str, JobInfo]
     ) -> list[str]:
         where, acted_at = stage(inc)
         if where in (Stage.none, Stage.wait):
@@ -254,7 +259,7 @@ class JobWatch:
         until = (acted_at if acted_at is not None else now.wall) + config.window_s
         late = {
             j.job_id: j.restart_count
-            for j in jobs
+            for j in listing
             if j.job_id not in restarts and ended_on(j, inc.node, since, until)
         }
         if late:

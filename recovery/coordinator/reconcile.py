@@ -359,7 +359,8 @@ class Reconciler:
     def _ended_jobs(self, seen: Snapshot, now: Stamp) -> None:
         """Jobs of a node taken out that ended before Slurm could requeue them: requeued,
         or the reason why not recorded (:mod:`recovery.coordinator.jobwatch`)."""
-        self._watch.step(self._journal.incidents(open_only=True), seen.jobs)
+        incidents = self._journal.incidents(open_only=True)
+        self._watch.step(incidents, seen.jobs_by_node, seen.jobs_by_id)
 
     def _incidents(self, seen: Snapshot, now: Stamp) -> None:
         """Phases the jobs reached; an incident whose actions are settled, whose jobs run
