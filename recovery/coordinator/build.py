@@ -62,7 +62,6 @@ def build_engine(
         slurm=slurm,
         clock=clock,
         config=lambda: rules.config.requeue,
-        dry_run=settings.executor.dry_run,
         log=log,
     )
     return Engine(

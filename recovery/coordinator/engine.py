@@ -174,6 +174,11 @@ class Engine:
         return self._executor
 
     @property
+    def watch(self) -> JobWatch:
+        """The watch over the jobs a fault ended (tests look at it)."""
+        return self._watch
+
+    @property
     def reconcile_steps(self) -> tuple[str, ...]:
         """The names of the reconcile tick's steps, in the order they run."""
         return tuple(name for name, _ in self._reconciler.steps)
@@ -346,13 +351,13 @@ class Engine:
         # just before (jobwatch), each at the restart count of its run there.
         fault_at = min(ev.observed_at, received.wall)
         listing = self._seen.jobs_by_node.get(ev.node, ())
+        path = job_path(decision)
         restarts = self._watch.at_decision(
-            ev.node, fault_at, listing, self._seen.jobs_by_id, self._clock.now().wall
-        )
+            ev.node, fault_at, listing, self._seen.jobs_by_id, self._clock.now().wall,
+            moves_jobs=path is not JobPath.none,
+        )  # fmt: skip
         self._journal.update_incident(
-            inc,
-            jobs=list(restarts),
-            info={"job_restarts": restarts, "path": job_path(decision)},
+            inc, jobs=list(restarts), info={"job_restarts": restarts, "path": path}
         )
         if decision.held:
             self._journal.add_phase(inc, Phase(PhaseName.held, self._clock.now(), decision.why))

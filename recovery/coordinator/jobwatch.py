@@ -169,15 +169,14 @@ class JobWatch:
         slurm: SlurmControl,
         clock: Clock,
         config: Callable[[], RequeueConfig],
-        dry_run: bool,
         log: Callable[[str], None],
     ) -> None:
-        """``config``: the policy's requeue settings (read when used)."""
+        """``config``: the policy's requeue settings (read when used). A dry run shows in the
+        incident's actions (``skipped``), which decide what happens here."""
         self._journal = journal
         self._slurm = slurm
         self._clock = clock
         self._config = config
-        self._dry_run = dry_run
         self._log = log
         self.trail = JobTrail()
         self._noted: dict[str, dict[int, float]] = {}
@@ -209,20 +208,23 @@ class JobWatch:
         listing: Iterable[JobInfo],
         jobs: Mapping[str, JobInfo],
         now: float,
+        *,
+        moves_jobs: bool = True,
     ) -> dict[str, int]:
         """The jobs an incident on ``node`` whose fault happened at ``fault_at`` follows, each
         with the restart count of its run on the node (see the module's docstring), in job
         id order. ``listing``: the jobs whose node list names ``node``; ``jobs``: every job by
-        id; times in Unix seconds."""
+        id; times in Unix seconds. An incident that ``moves_jobs`` not (its verdict neither
+        takes the node out nor requeues) follows only the live ones."""
         since = fault_at - self._config().window_s
         live: dict[str, int] = {}
         ended: dict[str, int] = {}
         for j in listing:
             if j.active:
                 live[j.job_id] = j.restart_count
-            elif ended_on(j, node, since, now):
+            elif moves_jobs and ended_on(j, node, since, now):
                 ended[j.job_id] = j.restart_count
-        moved = self.trail.requeued_from(node, jobs, since)
+        moved = self.trail.requeued_from(node, jobs, since) if moves_jobs else {}
         found = {**moved, **ended, **live}
         return {k: found[k] for k in sorted(found, key=_job_order)}
 

@@ -7,6 +7,8 @@ the cluster, as an ordered list of named steps (:attr:`Reconciler.steps`).
   policy chooses a spare again), Slinky take-outs (the slurm-operator drained the node).
 * Held actions too old to replay expire; silent agents make their nodes suspects; nodes we
   hold out are repair-checked; Kubernetes is kept in step (:mod:`recovery.coordinator.kube`).
+* Jobs of a node taken out that ended before Slurm could requeue them are requeued once, or
+  the reason why not is recorded (:mod:`recovery.coordinator.jobwatch`).
 * The jobs that ran on an incident's node are followed: requeued (``jobs-requeued``), running
   again (``job-running``, on which nodes), or finished; an incident whose actions are all
   settled and whose jobs run again (or ended) is closed.
@@ -173,7 +175,8 @@ class Snapshot:
 
     @cached_property
     def jobs_by_node(self) -> dict[str, list[JobInfo]]:
-        """The jobs that list each node (running, or last run, there)."""
+        """The jobs that list each node (running there, or ended after running there; a
+        pending job lists none)."""
         out: dict[str, list[JobInfo]] = {}
         for j in self.jobs:
             for n in j.nodes:

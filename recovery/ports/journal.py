@@ -91,7 +91,8 @@ class PhaseName(StrEnum):
     jobs_signalled = "jobs-signalled"
     """USR1 sent for checkpoint-then-requeue (detail: the job ids)."""
     jobs_saved = "jobs-saved"
-    """The signalled jobs saved and left the node."""
+    """The signalled jobs left the node: saved and requeued, or (the detail names them) ended
+    without a save, which the coordinator then requeues (``job-ended``)."""
     save_timeout = "save-timeout"
     """The save deadline passed; what was left was requeued without a save."""
     jobs_requeued = "jobs-requeued"

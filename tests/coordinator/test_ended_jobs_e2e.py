@@ -115,7 +115,7 @@ def test_the_process_dies_then_xid79_the_failed_job_is_requeued_and_resumes(
         sbatch_args=[f"--output={job_dir}/run-%j.out", f"--chdir={job_dir}"],
     )
     (node,) = wait_for(lambda: running(slurm_ctl, job_id), 60, "the training job running").nodes
-    wait_for(lambda: any(e["event"] == "checkpoint" for e in events(run)), 120, "a checkpoint")
+    wait_for(lambda: any(e["event"] == "checkpoint" for e in events(run)), 180, "a checkpoint")
     (started,) = [e for e in events(run) if e["event"] == "started"]
     os.kill(int(started["pid"]), signal.SIGABRT)  # the GPU is lost: training dies, no save
 
@@ -127,7 +127,7 @@ def test_the_process_dies_then_xid79_the_failed_job_is_requeued_and_resumes(
     assert done.returncode == 0, done.stderr
 
     wait_for(lambda: down_node(slurm_ctl, node), 20, f"{node} DOWN")
-    final = wait_for(lambda: _ended_again(slurm_ctl, job_id), 240, "the requeued job ended", 1.0)
+    final = wait_for(lambda: _ended_again(slurm_ctl, job_id), 360, "the requeued job ended", 1.0)
     assert (final.state, final.restart_count) == ("COMPLETED", 1)
     assert node not in final.nodes
     evs = events(run)

@@ -165,6 +165,8 @@ def test_drained_first_the_process_dies_a_moment_later_and_is_requeued(rig: Rig)
     assert requeues(rig) == [("requeue", job)]
     inc = rig.incident("n1")
     assert inc.info["requeues"][job]["outcome"] == RequeueOutcome.requeued
+    saved = {p.name.value: p.detail for p in inc.phases}["jobs-saved"]
+    assert saved == f"the jobs left the node; ended without a save: {job}"
     rig.clock.advance(61)  # past the save timeout: nothing left on the node to requeue
     rig.engine.step()
     assert requeues(rig) == [("requeue", job)]
@@ -378,3 +380,19 @@ def test_recover_incidents_shows_the_jobs_and_their_requeues(rig: Rig) -> None:
     assert f"job {job} (FAILED exit 134 at " in text
     assert "): requeued: requeued by the coordinator" in text
     assert "job-ended" in text
+
+
+def test_an_incident_that_moves_no_jobs_follows_only_the_live_ones(rig: Rig) -> None:
+    live = rig.slurm.run_job(["n1"])
+    failed = rig.slurm.run_job(["n1"])
+    moved = rig.slurm.run_job(["n1"])
+    rig.engine.step()  # the trail sees all three on n1
+    rig.slurm.fail_job(failed)
+    rig.slurm.set_job(moved, state="RUNNING", nodes=("n2",), restart_count=1)
+    rig.engine.step()
+    watch = rig.engine.watch  # the engine's own, as the decision uses it
+    now = rig.clock.now().wall
+    listing = [rig.slurm.job(j) for j in (live, failed)]
+    by_id = {j.job_id: j for j in rig.slurm.jobs()}
+    assert watch.at_decision("n1", now, listing, by_id, now) == {live: 0, failed: 0, moved: 0}
+    assert watch.at_decision("n1", now, listing, by_id, now, moves_jobs=False) == {live: 0}
