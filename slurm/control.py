@@ -82,6 +82,14 @@ def requeue_needed(job: JobInfo) -> bool:
     return job.state != "PENDING"
 
 
+def requeue_ended_needed(job: JobInfo, restart_count: int) -> bool:
+    """Whether requeueing the ended run ``restart_count`` of ``job`` needs a request: True
+    only while the job is finished at that restart count. Once anyone requeued it the count
+    is higher (Slurm raises it at the requeue itself), and a live job is not an ended one:
+    both are no-ops. Pure."""
+    return job.finished and job.restart_count == restart_count
+
+
 class SlurmBase(ABC):
     """The SlurmControl contract (see the Protocol) over a backend's reads and raw requests.
 
@@ -279,6 +287,21 @@ class SlurmBase(ABC):
             self._request_requeue(jid)
         except SlurmRefusedError as e:
             if _ALREADY_REQUEUED.search(str(e)) or not requeue_needed(self.job(jid)):
+                return False
+            raise
+        return True
+
+    def requeue_ended(self, job_id: str | int, restart_count: int) -> bool:
+        """Requeue a job that ended, while it is still finished at ``restart_count``
+        (:func:`requeue_ended_needed`, from a read just before the request). False (no-op)
+        when it is not, also when that changed between our read and the request."""
+        jid = validate_job_id(job_id)
+        if not requeue_ended_needed(self.job(jid), restart_count):
+            return False
+        try:
+            self._request_requeue(jid)
+        except SlurmRefusedError:
+            if not requeue_ended_needed(self.job(jid), restart_count):
                 return False
             raise
         return True

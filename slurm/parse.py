@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from recovery.errors import SlurmError
@@ -228,23 +229,44 @@ def parse_jobs(text: str, what: str = "squeue --json") -> list[JobInfo]:
         state, flags = job_state(raw.get("job_state", "UNKNOWN"))
         # 25.11 still lists a requeued (pending) job's last nodes; a pending job holds none.
         nodes = raw.get("nodes") or "" if state != "PENDING" else ""
-        jobs.append(
-            JobInfo(
-                job_id=str(job_id),
-                name=str(raw.get("name") or ""),
-                state=state,
-                nodes=expand_hostlist(nodes) if isinstance(nodes, str) else (),
-                restart_count=number(raw.get("restart_cnt"), 0) or 0,
-                reason=str(raw.get("state_reason") or ""),
-                exit_code=_exit_code(raw.get("exit_code")),
-                flags=flags | frozenset(str(f) for f in raw.get("flags") or []),
-            )
+        exit_code, signal = exit_status(raw.get("exit_code"))
+        requeue = raw.get("requeue")
+        job = JobInfo(
+            job_id=str(job_id),
+            name=str(raw.get("name") or ""),
+            state=state,
+            nodes=expand_hostlist(nodes) if isinstance(nodes, str) else (),
+            restart_count=number(raw.get("restart_cnt"), 0) or 0,
+            reason=str(raw.get("state_reason") or ""),
+            exit_code=exit_code,
+            flags=flags | frozenset(str(f) for f in raw.get("flags") or []),
+            signal=signal,
+            requeueable=requeue if isinstance(requeue, bool) else True,
         )
+        if job.finished:
+            # A live job's end_time is Slurm's projection (start + time limit, or far ahead).
+            job = replace(job, end_time=float(number(raw.get("end_time"), 0) or 0))
+        jobs.append(job)
     return sorted(jobs, key=lambda j: int(j.job_id))
 
 
-def _exit_code(value: Any) -> int | None:
-    # 22.05: a plain int (the raw wait status); 23+: {"status": [...], "return_code": {...}}.
-    if isinstance(value, dict) and "return_code" in value:
-        return number(value["return_code"], None)
-    return number(value, None)
+def exit_status(value: Any) -> tuple[int | None, int | None]:
+    """(exit status, signal) of a job's ``exit_code`` field, in either shape; each None when
+    unknown or not applicable. Pure.
+
+    * 22.05: a plain int, the raw wait status: ``34304`` is exit 134 (``ExitCode=134:0``),
+      ``9`` is killed by SIGKILL (``ExitCode=0:9``).
+    * 23+: ``{"status": ["ERROR"], "return_code": {...134}, "signal": {"id": {...}, "name":
+      ...}}``, numbers wrapped; a pending job's ``return_code`` is unset.
+    """
+    if isinstance(value, dict):
+        code = number(value.get("return_code"), None)
+        sig = value.get("signal")
+        signum = number(sig.get("id"), None) if isinstance(sig, dict) else None
+        return code, signum or None
+    raw = number(value, None)
+    if raw is None:
+        return None, None
+    if raw & 0x7F:  # WIFSIGNALED: the low 7 bits name the signal
+        return 0, raw & 0x7F
+    return (raw >> 8) & 0xFF, None

@@ -9,7 +9,12 @@ they run, so the names are usable for listing and verifying without the training
 from recovery.api.events import EVENTS, EVENTS_FILE, EventLog, open_event_log, read_events
 from recovery.api.manager import CheckpointInfo, CheckpointManager, Restored, Skipped
 from recovery.api.migrate import Imported, import_orbax
-from recovery.api.preemption import EXIT_PREEMPTED, PREEMPT_SIGNALS, Preemption
+from recovery.api.preemption import (
+    EXIT_DO_NOT_RESTART,
+    EXIT_PREEMPTED,
+    PREEMPT_SIGNALS,
+    Preemption,
+)
 from recovery.checkpoint import SaveResult, StepStatus
 from recovery.errors import (
     AllCheckpointsDamagedError,
@@ -31,6 +36,7 @@ from recovery.errors import (
 __all__ = [
     "EVENTS",
     "EVENTS_FILE",
+    "EXIT_DO_NOT_RESTART",
     "EXIT_PREEMPTED",
     "PREEMPT_SIGNALS",
     "AllCheckpointsDamagedError",

@@ -19,6 +19,9 @@ from recovery.train import preempt
 
 #: Exit status after a preemption signal that was handled by saving: "try again".
 EXIT_PREEMPTED = preempt.EXIT_PREEMPTED
+#: Exit status that asks never to be restarted (another run would fail the same way): the
+#: coordinator does not requeue a job that exits with it, even on a node taken out for a fault.
+EXIT_DO_NOT_RESTART = preempt.EXIT_DO_NOT_RESTART
 #: The signals that ask for a save and a stop: SIGTERM and SIGUSR1.
 PREEMPT_SIGNALS = preempt.PREEMPT_SIGNALS
 

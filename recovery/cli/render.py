@@ -100,6 +100,11 @@ def render_incident(doc: dict[str, Any]) -> str:
         f"incident {doc['id']}: {doc['fault']} on {doc['node']} -> {doc['verdict']} "
         f"({doc['status']})"
     ]
+    if doc.get("jobs"):
+        lines.append(f"jobs: {' '.join(doc['jobs'])}")
+    for job, note in sorted((doc.get("info") or {}).get("requeues", {}).items()):
+        # Jobs the fault ended before Slurm could requeue them (docs/coordinator.md).
+        lines.append(f"job {job} ({note['ended']}): {note['outcome']}: {note['detail']}")
     rows = [
         (
             _ts(p["at"]),

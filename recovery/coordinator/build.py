@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from recovery.coordinator.engine import Engine, EngineSettings, Observer, Unobserved
 from recovery.coordinator.executor import Executor
+from recovery.coordinator.jobwatch import JobWatch
 from recovery.coordinator.kube import KubeFollow
 from recovery.coordinator.reconcile import Heartbeats
 from recovery.coordinator.rules import Rules
@@ -56,12 +57,20 @@ def build_engine(
         log=log,
         kube=kube,
     )
+    watch = JobWatch(
+        journal=journal,
+        slurm=slurm,
+        clock=clock,
+        config=lambda: rules.config.requeue,
+        log=log,
+    )
     return Engine(
         journal=journal,
         slurm=slurm,
         clock=clock,
         rules=rules,
         executor=executor,
+        watch=watch,
         settings=settings,
         log=log,
         kube=kube,

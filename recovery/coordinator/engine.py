@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from recovery.coordinator.executor import Executor, ExecutorSettings
+from recovery.coordinator.jobwatch import JobWatch
 from recovery.coordinator.kube import KubeFollow, KubeMode
 from recovery.coordinator.reconcile import (
     Heartbeats,
@@ -128,6 +129,7 @@ class Engine:
         clock: Clock,
         rules: Rules,
         executor: Executor,
+        watch: JobWatch,
         settings: EngineSettings,
         log: Callable[[str], None],
         kube: KubeFollow | None,
@@ -140,6 +142,7 @@ class Engine:
         self._clock = clock
         self._rules = rules
         self._executor = executor
+        self._watch = watch
         self._settings = settings
         self._log = log
         self._kube = kube
@@ -151,6 +154,7 @@ class Engine:
             clock=clock,
             rules=rules,
             executor=executor,
+            watch=watch,
             kube=kube,
             heartbeats=heartbeats,
             checker=checker,
@@ -170,6 +174,11 @@ class Engine:
     def executor(self) -> Executor:
         """The executor this engine drives (tests and tools run it by hand)."""
         return self._executor
+
+    @property
+    def watch(self) -> JobWatch:
+        """The watch over the jobs a fault ended (tests look at it)."""
+        return self._watch
 
     @property
     def reconcile_steps(self) -> tuple[str, ...]:
@@ -221,6 +230,7 @@ class Engine:
         for at in resets:
             self._rules.breaker_reset(at)
         self._rules.still_promised(spares_promised(self._journal.pending_actions()))
+        self._watch.recover()
 
     def _resets(self) -> list[float]:
         return [float(t) for t in json.loads(self._journal.get_meta(RESETS_KEY) or "[]")]
@@ -315,6 +325,7 @@ class Engine:
             self._journal.set_meta(LAYOUT_KEY, layout)
             self._layout = layout
         now = self._clock.now()
+        self._watch.observe(jobs, now.wall)
         kube = self._kube.view(now.mono) if self._kube is not None else {}
         self._seen = Snapshot(nodes, jobs, now, kube)
 
@@ -341,14 +352,17 @@ class Engine:
         observed = Stamp(ev.observed_at, received.mono - lag)
         self._journal.add_phase(inc, Phase(PhaseName.fault, observed))
         self._journal.add_phase(inc, Phase(PhaseName.received, received))
-        jobs = [j for j in self._seen.jobs_by_node.get(ev.node, ()) if j.active]
+        # The jobs live on the node, and those the fault ended or Slurm requeued from it
+        # just before (jobwatch), each at the restart count of its run there.
+        fault_at = min(ev.observed_at, received.wall)
+        listing = self._seen.jobs_by_node.get(ev.node, ())
+        path = job_path(decision)
+        restarts = self._watch.at_decision(
+            ev.node, fault_at, listing, self._seen.jobs_by_id, self._clock.now().wall,
+            moves_jobs=path is not JobPath.none,
+        )  # fmt: skip
         self._journal.update_incident(
-            inc,
-            jobs=[j.job_id for j in jobs],
-            info={
-                "job_restarts": {j.job_id: j.restart_count for j in jobs},
-                "path": job_path(decision),
-            },
+            inc, jobs=list(restarts), info={"job_restarts": restarts, "path": path}
         )
         if decision.held:
             self._journal.add_phase(inc, Phase(PhaseName.held, self._clock.now(), decision.why))

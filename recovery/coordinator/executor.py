@@ -303,8 +303,16 @@ class Executor:
             on_node = self._call(lambda: self._slurm.jobs_on(a.node))
             still = [j for j in on_node if j.job_id in jobs]
             if not still:
-                self._phase(rec.incident, PhaseName.jobs_saved, "the jobs saved and left the node")
-                self._finish(rec, ActionStatus.done, "jobs saved and left")
+                # A job can also leave by dying before its save (its process killed by the
+                # fault): it is ended, not requeued, and the ended-jobs step requeues it.
+                died = sorted(
+                    j.job_id
+                    for j in self._call(self._slurm.jobs)
+                    if j.job_id in jobs and j.finished
+                )
+                how = f"; ended without a save: {' '.join(died)}" if died else ""
+                self._phase(rec.incident, PhaseName.jobs_saved, f"the jobs left the node{how}")
+                self._finish(rec, ActionStatus.done, f"jobs left the node{how}")
                 return True
             if save and self._clock.now().mono < save["deadline_mono"]:
                 return False

@@ -7,6 +7,8 @@ the cluster, as an ordered list of named steps (:attr:`Reconciler.steps`).
   policy chooses a spare again), Slinky take-outs (the slurm-operator drained the node).
 * Held actions too old to replay expire; silent agents make their nodes suspects; nodes we
   hold out are repair-checked; Kubernetes is kept in step (:mod:`recovery.coordinator.kube`).
+* Jobs of a node taken out that ended before Slurm could requeue them are requeued once, or
+  the reason why not is recorded (:mod:`recovery.coordinator.jobwatch`).
 * The jobs that ran on an incident's node are followed: requeued (``jobs-requeued``), running
   again (``job-running``, on which nodes), or finished; an incident whose actions are all
   settled and whose jobs run again (or ended) is closed.
@@ -19,12 +21,13 @@ snapshots (nodes, jobs, incidents); the :class:`Reconciler` applies what they re
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
 
 from recovery.coordinator.executor import Executor
+from recovery.coordinator.jobwatch import JobWatch
 from recovery.coordinator.kube import KubeFollow, finished
 from recovery.coordinator.rules import Rules
 from recovery.errors import TransientError, UsageError
@@ -84,12 +87,17 @@ class JobProgress:
     resolved: bool
 
 
-def follow_jobs(incident: IncidentRecord, by_id: Mapping[str, JobInfo]) -> JobProgress:
+def follow_jobs(
+    incident: IncidentRecord,
+    by_id: Mapping[str, JobInfo],
+    awaiting: Set[str] = frozenset(),
+) -> JobProgress:
     """Phases the incident's jobs reached, from one ``squeue`` snapshot (jobs by id).
 
     ``jobs-requeued`` once a job is pending again or its restart count rose; ``job-running``
     once every job that is still known runs again after a restart. Jobs Slurm forgot or that
-    finished count as resolved.
+    finished count as resolved, except those in ``awaiting``: ended jobs whose requeue the
+    coordinator noted and Slurm has not confirmed yet (:meth:`JobWatch.awaiting`).
     """
     initial = incident.info.get("job_restarts", {})
     have = {p.name for p in incident.phases}
@@ -99,7 +107,7 @@ def follow_jobs(incident: IncidentRecord, by_id: Mapping[str, JobInfo]) -> JobPr
     unresolved = 0
     for job_id in incident.jobs:
         job = by_id.get(job_id)
-        if job is None or (job.finished and job.state != "PENDING"):
+        if job is None or (job.finished and job_id not in awaiting):
             continue
         restarted = job.restart_count > int(initial.get(job_id, 0))
         if restarted or job.state == "PENDING":
@@ -167,7 +175,8 @@ class Snapshot:
 
     @cached_property
     def jobs_by_node(self) -> dict[str, list[JobInfo]]:
-        """The jobs that list each node (running, or last run, there)."""
+        """The jobs that list each node (running there, or ended after running there; a
+        pending job lists none)."""
         out: dict[str, list[JobInfo]] = {}
         for j in self.jobs:
             for n in j.nodes:
@@ -199,6 +208,7 @@ class Reconciler:
         clock: Clock,
         rules: Rules,
         executor: Executor,
+        watch: JobWatch,
         kube: KubeFollow | None,
         heartbeats: Heartbeats | None,
         checker: RepairChecker | None,
@@ -215,6 +225,7 @@ class Reconciler:
         self._clock = clock
         self._rules = rules
         self._executor = executor
+        self._watch = watch
         self._kube = kube
         self._heartbeats = heartbeats
         self._checker = checker
@@ -234,6 +245,7 @@ class Reconciler:
             ("heartbeats", self._watch_heartbeats),
             ("repair-checks", self._repair_checks),
             ("kubernetes", self._kubernetes),
+            ("ended-jobs", self._ended_jobs),
             ("incidents", self._incidents),
         )
 
@@ -347,11 +359,17 @@ class Reconciler:
         seen_at = seen.at.mono if seen.at else None
         self._kube.reconcile(self._journal.incidents(open_only=True), seen.by_name, seen_at)
 
+    def _ended_jobs(self, seen: Snapshot, now: Stamp) -> None:
+        """Jobs of a node taken out that ended before Slurm could requeue them: requeued,
+        or the reason why not recorded (:mod:`recovery.coordinator.jobwatch`)."""
+        incidents = self._journal.incidents(open_only=True)
+        self._watch.step(incidents, seen.jobs_by_node, seen.jobs_by_id)
+
     def _incidents(self, seen: Snapshot, now: Stamp) -> None:
         """Phases the jobs reached; an incident whose actions are settled, whose jobs run
         again (or ended) and whose Kubernetes steps are done is closed."""
         for inc in self._journal.incidents(open_only=True):
-            progress = follow_jobs(inc, seen.jobs_by_id)
+            progress = follow_jobs(inc, seen.jobs_by_id, self._watch.awaiting(inc.id))
             for name, detail in progress.phases:
                 self._journal.add_phase(inc.id, Phase(name, now, detail))
             kube_done = self._kube is None or finished(inc, self._kube.mode)

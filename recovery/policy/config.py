@@ -10,6 +10,7 @@ Example file (every key optional)::
     breaker: {window_s: 300, max_fraction: 0.5, max_nodes: 10, hold_max_age_s: 900}
     save_timeout_s: 60
     spares: {groups: {node1: rack-a, node2: rack-a}, feature_prefix: "rack-"}
+    requeue: {window_s: 120, budget: 3, budget_window_s: 3600}
     dry_run: false
 """
 
@@ -37,6 +38,7 @@ from recovery.policy._files import (
     require_mapping,
 )
 from recovery.policy.catalogue import Catalogue, load_catalogue, parse_verdict
+from recovery.policy.requeue import RequeueConfig
 
 
 def _empty() -> Mapping[str, Any]:
@@ -119,6 +121,8 @@ class PolicyConfig:
     repair_check: RepairCheck | None = None
     """A passing check returns a node to the pool as `recover node repaired` would; None:
     only an operator does."""
+    requeue: RequeueConfig = field(default_factory=RequeueConfig)
+    """Which jobs that ended on a node taken out for a fault the coordinator requeues."""
 
     @classmethod
     def default(cls) -> PolicyConfig:
@@ -156,6 +160,7 @@ _TOP = (
     "spares",
     "dry_run",
     "repair_check",
+    "requeue",
 )
 
 
@@ -184,6 +189,21 @@ def load_policy_config(path: Path | None, *, catalogue: Catalogue | None = None)
         spares=_spares(data.get("spares", {}), f"{where}: spares"),
         dry_run=boolean(data.get("dry_run", False), f"{where}: dry_run"),
         repair_check=_repair_check(data.get("repair_check"), f"{where}: repair_check"),
+        requeue=_requeue(data.get("requeue", {}), f"{where}: requeue"),
+    )
+
+
+def _requeue(raw: object, where: str) -> RequeueConfig:
+    data = require_mapping(raw, where)
+    check_keys(data, where, ("window_s", "budget", "budget_window_s"))
+    d = RequeueConfig()
+    return RequeueConfig(
+        window_s=number(data.get("window_s", d.window_s), f"{where}: window_s"),
+        budget=integer(data.get("budget", d.budget), f"{where}: budget"),
+        budget_window_s=number(
+            data.get("budget_window_s", d.budget_window_s), f"{where}: budget_window_s",
+            strict=True,
+        ),
     )
 
 

@@ -91,10 +91,19 @@ class PhaseName(StrEnum):
     jobs_signalled = "jobs-signalled"
     """USR1 sent for checkpoint-then-requeue (detail: the job ids)."""
     jobs_saved = "jobs-saved"
-    """The signalled jobs saved and left the node."""
+    """The signalled jobs left the node: saved and requeued, or (the detail names them) ended
+    without a save, which the coordinator then requeues (``job-ended``)."""
     save_timeout = "save-timeout"
     """The save deadline passed; what was left was requeued without a save."""
     jobs_requeued = "jobs-requeued"
+    """A job of the incident was requeued: by Slurm (its restart count rose, or it is pending
+    again) or by the coordinator (detail says which, and how the job had ended)."""
+    job_ended = "job-ended"
+    """A job that ran on the node ended abnormally (FAILED, NODE_FAIL, BOOT_FAIL) around the
+    fault, and Slurm did not requeue it (detail: id, how it ended, when)."""
+    requeue_refused = "requeue-refused"
+    """A job that ended around the fault is not requeued (detail: id and why: the
+    do-not-restart exit status, ``--no-requeue``, the restart budget, dry run)."""
     no_spare = "no-spare"
     """The spare pool was empty when the promotion ran; it waits for a spare."""
     spare_promoted = "spare-promoted"
@@ -143,6 +152,33 @@ class JobPath(StrEnum):
     none = "none"
 
 
+class RequeueOutcome(StrEnum):
+    """Where the coordinator's requeue of one ended job stands (``RequeueNote.outcome``)."""
+
+    noted = "noted"
+    """Decided and noted before the request: a restarted coordinator finds it and asks again
+    (a no-op when the request had landed, since the job's restart count rose)."""
+    requeued = "requeued"
+    """The job is requeued (by this request, or it had been already)."""
+    refused = "refused"
+    """Not requeued: the policy said no, or Slurm refused (``detail`` says why)."""
+    skipped = "skipped"
+    """Dry run: it would have been requeued."""
+
+
+class RequeueNote(TypedDict):
+    """One job that ended around an incident's fault and what the coordinator did about it."""
+
+    restart_count: int
+    """The run that ended (the job's restart count then): the one requeued at most once."""
+    ended: str
+    """How and when it ended (``FAILED exit 134 at 1796214872``)."""
+    outcome: RequeueOutcome
+    detail: str
+    at: float
+    """Wall time of the note (Unix seconds): what the restart budget's window counts."""
+
+
 class SaveNote(TypedDict):
     """What checkpoint-then-requeue noted before signalling: the jobs it signalled and when
     (monotonic seconds), so that a restarted coordinator never signals twice."""
@@ -164,6 +200,9 @@ class IncidentInfo(TypedDict, total=False):
     """The spare being promoted in the node's place, noted just before it is resumed: a
     restarted coordinator finds it and finishes that promotion instead of taking a second
     spare. Set back to None when it stopped being a ready spare before its promotion."""
+    requeues: dict[str, RequeueNote]
+    """Jobs that ended abnormally around the fault, by id, with what became of each: noted
+    before each requeue request, so that a restart never requeues one run twice."""
     spare_rechosen: str
     """The spare the policy chose again when the decision's choice
     (:attr:`recovery.model.PromoteSpare.spare`) was gone, or the pool was empty when it

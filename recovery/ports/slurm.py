@@ -167,11 +167,13 @@ def describe_state(node: NodeInfo | None) -> str:
 
 @dataclass(frozen=True)
 class JobInfo:
-    """One job as slurmctld sees it.
+    """One job as slurmctld sees it (running, pending, or finished within ``MinJobAge``,
+    300 s by default: slurmctld forgets a finished job after that, and without an accounting
+    daemon nothing else remembers it).
 
     ``state`` is Slurm's base job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...);
-    ``nodes`` are the nodes it runs (or last ran) on, expanded; ``restart_count`` counts
-    requeues (0 on the first run).
+    ``nodes`` are the nodes it runs on, or for a finished job the nodes it ran on, expanded
+    (a pending job lists none); ``restart_count`` counts requeues (0 on the first run).
     """
 
     job_id: str
@@ -181,7 +183,19 @@ class JobInfo:
     restart_count: int = 0
     reason: str = ""
     exit_code: int | None = None
+    """The batch script's exit status (0-255) of its last run, as ``ExitCode=N:0`` shows it;
+    0 when a signal ended it; None when unknown. A pending job that ran before keeps the
+    status of that run (read it only once the job :attr:`finished`)."""
     flags: frozenset[str] = frozenset()
+    signal: int | None = None
+    """The signal that ended the batch script (``ExitCode=0:N``, e.g. 9); None when it
+    exited by itself, or unknown."""
+    end_time: float = 0.0
+    """When the job ended (Unix seconds) once it :attr:`finished`; 0 while it has not (Slurm's
+    own value for a live job is a projection, not kept here) or when unknown."""
+    requeueable: bool = True
+    """The job may be requeued (``--requeue``, or the cluster's ``JobRequeue=1`` default);
+    Slurm refuses to requeue one submitted with ``--no-requeue``."""
 
     @property
     def finished(self) -> bool:
@@ -303,6 +317,16 @@ class SlurmControl(Protocol):
 
     def requeue(self, job_id: str | int) -> bool:
         """Requeue a job. Returns False when it is already pending (no-op)."""
+        ...
+
+    def requeue_ended(self, job_id: str | int, restart_count: int) -> bool:
+        """Requeue a job that ended (FAILED, NODE_FAIL, ...) while it still is the run
+        numbered ``restart_count`` that ended: the state is read just before the request.
+        Returns False (no-op) when it is not: it runs or waits again (requeued meanwhile by
+        Slurm, its wrapper, an operator or an earlier call of ours; its restart count rose),
+        or it is still live. So a second call for the same run never requeues it twice.
+        An unknown job (slurmctld forgot it) raises UsageError; a job Slurm will not requeue
+        (``--no-requeue``) raises SlurmRefusedError."""
         ...
 
     def submit(self, job: BatchJob) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from recovery.ports.journal import PhaseName
 from recovery.report.model import IncidentReport, Report
 from recovery.report.table import goodput_rows, headline, offset, phase_rows, seconds
 
@@ -45,6 +46,7 @@ def _happened(report: Report, inc: IncidentReport) -> list[str]:
     ]
     if inc.path:
         lines.append(f"- Path for the job: {inc.path}.")
+    lines += _ended_jobs(inc)
     if inc.interrupted:
         lines.append(f"- After the fault {inc.interrupted}.")
     if inc.restored_step is not None:
@@ -58,6 +60,23 @@ def _happened(report: Report, inc: IncidentReport) -> list[str]:
             f"- Checkpoint step {f.step} failed verification and was set aside as "
             f"`{f.moved_to}`: {f.reason}."
         )
+    return lines
+
+
+def _ended_jobs(inc: IncidentReport) -> list[str]:
+    """The jobs the fault ended before Slurm could requeue them, and what became of them."""
+    said = {m.name: m.detail for m in inc.journal}
+    lines = []
+    if PhaseName.job_ended in said:
+        lines.append(
+            f"- A job ended before Slurm could requeue it: {said[PhaseName.job_ended]} "
+            "(its process died with the node's fault)."
+        )
+        requeued = said.get(PhaseName.jobs_requeued, "")
+        if "requeued by the coordinator" in requeued or "requeued already" in requeued:
+            lines.append(f"- The coordinator requeued it: {requeued}.")
+    if PhaseName.requeue_refused in said:
+        lines.append(f"- Not requeued: {said[PhaseName.requeue_refused]}.")
     return lines
 
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from recovery.errors import SlurmUnavailableError, UsageError, unknown_choice
+from recovery.errors import SlurmRefusedError, SlurmUnavailableError, UsageError, unknown_choice
 from recovery.ports.slurm import (
     BatchJob,
     JobInfo,
@@ -32,7 +32,7 @@ from recovery.ports.slurm import (
     validate_node_name,
 )
 from recovery.spares import SPARE_REASON
-from slurm.control import requeue_needed, resume_needed, take_out_plan
+from slurm.control import requeue_ended_needed, requeue_needed, resume_needed, take_out_plan
 from tests.helpers import Crash
 
 
@@ -69,12 +69,18 @@ class FakeSlurm:
         self._next_job = 1
         self.crash_before: set[str] = set()
         """Raise :class:`Crash` (the coordinator killed) just before the named call runs."""
+        self.wall: Callable[[], float] = time.time
+        """Slurm's clock (Unix seconds): when jobs end. Tests point it at their fake clock."""
 
     # --- test controls: Slurm itself, or someone else ---------------------------------------
 
     def set_node(self, name: str, **changes: object) -> None:
         """Change a node as Slurm itself would (a crash, someone else's drain)."""
         self._nodes[name] = replace(self._nodes[name], **changes)  # type: ignore[arg-type]
+
+    def set_job(self, job_id: str, **changes: object) -> None:
+        """Change a job as Slurm itself would (a requeue seen half way, a state it reached)."""
+        self._jobs[job_id] = replace(self._jobs[job_id], **changes)  # type: ignore[arg-type]
 
     def scontrol_update(
         self, nodes: Sequence[str], state: str, reason: str, *, by: str | None = None
@@ -84,8 +90,8 @@ class FakeSlurm:
         request behind our take-outs, and someone else's drain or DOWN in a test.
 
         DRAIN adds the flag and keeps the base state (running jobs go on); DOWN sets the base
-        state, keeps the flags, and requeues the jobs on the node (the fake's jobs are all
-        requeueable). Either way the reason is ``reason``, set by ``by``.
+        state, keeps the flags, requeues the requeueable jobs on the node and ends the others
+        NODE_FAIL (killed by SIGTERM). Either way the reason is ``reason``, set by ``by``.
         """
         who = self.user if by is None else by
         for name in nodes:
@@ -93,7 +99,10 @@ class FakeSlurm:
             if state == "DOWN":
                 self._nodes[name] = replace(info, state="DOWN", reason=reason, reason_set_by=who)
                 for j in [j for j in self._jobs.values() if j.uses(name)]:
-                    self._requeued(j)
+                    if j.requeueable:
+                        self._requeued(j)
+                    else:
+                        self.finish_job(j.job_id, "NODE_FAIL", exit_code=0, signal=15)
             elif state == "DRAIN":
                 self._nodes[name] = replace(
                     info, flags=info.flags | {"DRAIN"}, reason=reason, reason_set_by=who
@@ -113,28 +122,59 @@ class FakeSlurm:
             reason_set_by="",
         )
 
-    def run_job(self, nodes: Sequence[str], name: str = "train") -> str:
-        """A running requeueable job on ``nodes``; returns its id."""
+    def run_job(
+        self, nodes: Sequence[str], name: str = "train", *, requeueable: bool = True
+    ) -> str:
+        """A running job on ``nodes`` (requeueable unless said otherwise); returns its id."""
         job_id = str(self._next_job)
         self._next_job += 1
-        self._jobs[job_id] = JobInfo(job_id, name, "RUNNING", tuple(nodes))
+        self._jobs[job_id] = JobInfo(
+            job_id, name, "RUNNING", tuple(nodes), requeueable=requeueable
+        )
         for n in nodes:
             self.set_node(n, state="ALLOCATED")
         return job_id
 
     def start_job(self, job_id: str, nodes: Sequence[str]) -> None:
         """A pending job starts again on ``nodes`` (what the scheduler does after a requeue)."""
-        self._jobs[job_id] = replace(self._jobs[job_id], state="RUNNING", nodes=tuple(nodes))
+        self._jobs[job_id] = replace(
+            self._jobs[job_id], state="RUNNING", nodes=tuple(nodes), end_time=0.0
+        )
 
-    def finish_job(self, job_id: str, state: str = "COMPLETED") -> None:
-        self._jobs[job_id] = replace(self._jobs[job_id], state=state)
+    def finish_job(
+        self,
+        job_id: str,
+        state: str = "COMPLETED",
+        *,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        end_time: float | None = None,
+    ) -> None:
+        """The job ends in ``state`` at ``end_time`` (default: :attr:`wall` now), keeping the
+        nodes it ran on; ``exit_code`` defaults to 0 for COMPLETED and 1 otherwise."""
+        code = exit_code if exit_code is not None else (0 if state == "COMPLETED" else 1)
+        self._jobs[job_id] = replace(
+            self._jobs[job_id],
+            state=state,
+            exit_code=code,
+            signal=signal,
+            end_time=self.wall() if end_time is None else end_time,
+        )
+
+    def fail_job(self, job_id: str, exit_code: int = 134, *, signal: int | None = None) -> None:
+        """The job's batch script ends with ``exit_code`` (134: the training process died of
+        SIGABRT, as on a lost GPU), or killed by ``signal``: FAILED now."""
+        self.finish_job(job_id, "FAILED", exit_code=exit_code, signal=signal)
 
     def updates(self) -> list[tuple[str, ...]]:
         """The calls that changed Slurm (not the reads)."""
         return [c for c in self.calls if c[0] not in ("nodes", "jobs")]
 
     def _requeued(self, job: JobInfo) -> None:
-        self._jobs[job.job_id] = replace(job, state="PENDING", restart_count=job.restart_count + 1)
+        # As slurmctld: a pending job lists no nodes (the last run's exit status stays).
+        self._jobs[job.job_id] = replace(
+            job, state="PENDING", nodes=(), restart_count=job.restart_count + 1, end_time=0.0
+        )
 
     def _enter(self, op: str = "") -> None:
         # Every call pays the round trip, and fails before changing anything during an outage.
@@ -233,8 +273,25 @@ class FakeSlurm:
         if not requeue_needed(job):
             return False
         self._call("requeue", job.job_id)
-        self._requeued(job)
+        self._scontrol_requeue(job)
         return True
+
+    def requeue_ended(self, job_id: str | int, restart_count: int) -> bool:
+        job = self.job(job_id)
+        if not requeue_ended_needed(job, restart_count):
+            return False
+        self._call("requeue", job.job_id)
+        self._scontrol_requeue(job)
+        return True
+
+    def _scontrol_requeue(self, job: JobInfo) -> None:
+        # What slurmctld answers a requeue of a --no-requeue job.
+        if not job.requeueable:
+            raise SlurmRefusedError(
+                f"scontrol requeue {job.job_id}: refused: Requested operation is presently "
+                f"disabled for job {job.job_id}"
+            )
+        self._requeued(job)
 
     def submit(self, job: BatchJob) -> str:
         self._call("submit")

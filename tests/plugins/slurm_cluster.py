@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from recovery.policy.requeue import ABNORMAL_END_STATES
 from recovery.ports.slurm import SlurmControl
 from recovery.spares import SPARE_REASON
 from slurm import install, procs, restd
@@ -135,9 +136,16 @@ def cluster_info(local_cluster: LocalCluster) -> ClusterInfo:
 
 
 def reset(cluster: LocalCluster, ctl: CliSlurm) -> None:
-    """Cancel every job and put every node back in its starting state."""
+    """Cancel every job and put every node back in its starting state.
+
+    Jobs that ended abnormally become CANCELLED (held in the queue, then cancelled): slurmctld
+    remembers an ended job for MinJobAge (300 s), and a coordinator of a later test would take
+    a FAILED job on a node it sees faulted for the fault's victim and requeue it."""
     info = cluster.info()
     assert info is not None
+    for job in ctl.jobs():
+        if job.state in ABNORMAL_END_STATES and job.requeueable:
+            ctl.run(["scontrol", "requeuehold", job.job_id])
     ctl.run(["scancel", "--user=root"])
     for name in info.nodes + info.spares:
         cluster.restart_node(name)

@@ -20,7 +20,7 @@ from typing import Protocol, TypeVar
 
 import pytest
 
-from recovery.errors import ReasonNotOursError, UsageError
+from recovery.errors import ReasonNotOursError, SlurmRefusedError, UsageError
 from recovery.ports.slurm import BatchJob, SlurmControl
 from recovery.spares import SPARE_REASON
 from slurm.cli_slurm import CliSlurm
@@ -55,6 +55,12 @@ class Side(Protocol):
         """``probe()`` once it holds: the real cluster gets a few seconds, the fake none."""
         ...
 
+    def ended_job(self, node: str, *, aborted: bool = True, requeueable: bool = True) -> str:
+        """A job on ``node`` that ended: ``aborted``, its training process died of SIGABRT
+        while its batch shell lived on (the shell passed 134 on: FAILED); else it exited 0
+        (COMPLETED). Returns its id once it ended."""
+        ...
+
 
 class FakeSide:
     def __init__(self) -> None:
@@ -71,6 +77,14 @@ class FakeSide:
         got = probe()
         assert got, f"the fake should hold at once: {what} (got {got!r})"
         return got
+
+    def ended_job(self, node: str, *, aborted: bool = True, requeueable: bool = True) -> str:
+        job = self.fake.run_job([node], name="contract", requeueable=requeueable)
+        if aborted:
+            self.fake.fail_job(job, 134)
+        else:
+            self.fake.finish_job(job)
+        return job
 
 
 class RealSide:
@@ -103,6 +117,32 @@ class RealSide:
 
     def settle(self, probe: Callable[[], T | None], what: str) -> T:
         return wait_for(probe, 15, what)
+
+    def ended_job(self, node: str, *, aborted: bool = True, requeueable: bool = True) -> str:
+        job_id = self.admin.submit(
+            BatchJob(
+                script=ABORTED if aborted else "#!/bin/bash\nexit 0\n",
+                options={
+                    "requeue" if requeueable else "no-requeue": None,
+                    "job-name": "contract",
+                    "nodelist": node,
+                    "output": str(self.job_dir / "slurm-%j.out"),
+                },
+                workdir=str(self.job_dir),
+            )
+        )
+        wait_for(lambda: self.admin.job(job_id).finished, 15, f"job {job_id} ended")
+        return job_id
+
+
+#: A batch shell whose "training" child dies of SIGABRT; the shell passes 134 on.
+ABORTED = """#!/bin/bash
+sleep 60 &
+child=$!
+kill -ABRT "$child"
+wait "$child"
+exit $?
+"""
 
 
 @pytest.fixture(params=["fake", *(pytest.param(b, marks=pytest.mark.slurm) for b in BACKENDS)])
@@ -312,6 +352,49 @@ def test_requeue_is_idempotent(side: Side) -> None:
     assert side.ctl.requeue(job) is False
     with pytest.raises(UsageError, match="Unknown job 999999"):
         side.ctl.requeue("999999")
+
+
+def test_an_ended_job_reads_with_its_status_end_and_nodes(side: Side) -> None:
+    job = side.ended_job("node2")
+    info = side.ctl.job(job)
+    assert (info.state, info.exit_code, info.signal) == ("FAILED", 134, None)
+    assert (info.nodes, info.restart_count, info.requeueable) == (("node2",), 0, True)
+    assert info.end_time > 0
+    assert info.finished
+    assert side.ctl.jobs_on("node2") == []  # it let go of the node
+
+
+@pytest.mark.writes("requeue")
+def test_requeue_ended_requeues_one_run_once(side: Side) -> None:
+    job = side.ended_job("node1")
+    assert side.ctl.requeue_ended(job, 1) is False  # not the run that ended
+    assert side.ctl.job(job).state == "FAILED"
+    assert side.ctl.requeue_ended(job, 0) is True
+    info = side.ctl.job(job)
+    assert (info.state, info.restart_count) == ("PENDING", 1)
+    assert side.ctl.requeue_ended(job, 0) is False  # its count rose: requeued already
+    assert side.ctl.job(job).restart_count == 1
+    with pytest.raises(UsageError, match="Unknown job 999999"):
+        side.ctl.requeue_ended("999999", 0)
+
+
+def test_requeue_ended_of_a_live_job_is_a_no_op(side: Side) -> None:
+    job = side.start_job("node3")
+    assert side.ctl.requeue_ended(job, 0) is False
+    info = side.ctl.job(job)
+    assert (info.state, info.restart_count) == ("RUNNING", 0)
+
+
+@pytest.mark.writes("requeue")
+def test_requeue_ended_of_a_no_requeue_job_is_refused(side: Side) -> None:
+    # A completed job, so that no later test's coordinator takes it for a fault's victim
+    # (slurmctld keeps it for MinJobAge, and a --no-requeue job cannot be tidied away).
+    job = side.ended_job("node1", aborted=False, requeueable=False)
+    info = side.ctl.job(job)
+    assert (info.state, info.exit_code, info.requeueable) == ("COMPLETED", 0, False)
+    with pytest.raises(SlurmRefusedError, match="disabled"):
+        side.ctl.requeue_ended(job, 0)
+    assert side.ctl.job(job).state == "COMPLETED"
 
 
 def test_cancel_is_idempotent(side: Side) -> None:

@@ -77,6 +77,9 @@ class FakeSlurm:
     def requeue(self, job_id: str | int) -> bool:
         raise NotImplementedError
 
+    def requeue_ended(self, job_id: str | int, restart_count: int) -> bool:
+        raise NotImplementedError
+
     def submit(self, job: BatchJob) -> str:
         raise NotImplementedError
 

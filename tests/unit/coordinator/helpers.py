@@ -59,6 +59,7 @@ class Rig:
     """What the engine logged."""
 
     def __post_init__(self) -> None:
+        self.slurm.wall = lambda: self.clock.now().wall  # jobs end on the test's clock
         self.journal = SqliteJournal(self.path, self.clock, checkpoint_every_s=None)
         self.engine = self._engine()
 

@@ -26,6 +26,7 @@ STEPS = (
     "heartbeats",
     "repair-checks",
     "kubernetes",
+    "ended-jobs",
     "incidents",
 )
 
