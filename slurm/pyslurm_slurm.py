@@ -33,6 +33,7 @@ import importlib
 import importlib.util
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -41,7 +42,7 @@ from recovery.errors import SlurmRefusedError, SlurmUnavailableError, UsageError
 from recovery.ports.slurm import JobInfo, NodeInfo
 from slurm import install
 from slurm.cli_slurm import CliSlurm
-from slurm.parse import UNREACHABLE, expand_hostlist, job_state_word, split_state
+from slurm.parse import UNREACHABLE, expand_hostlist, job_state_word, parse_jobs, split_state
 from slurm.rest_parse import UNREACHABLE_ERRNOS
 
 T = TypeVar("T")
@@ -119,6 +120,9 @@ class PySlurm(CliSlurm):
     ) -> None:
         super().__init__(conf_path, timeout_s=timeout_s, env=env)
         self._ps = _bind(Path(conf_path).absolute())
+        # (job id, restart count) of a finished run -> its (exit status, signal) as squeue
+        # read it; a run's status never changes once it ended.
+        self._ended_status: dict[tuple[str, int], tuple[int | None, int | None]] = {}
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """Run one pyslurm call; its RPCError becomes our error (see the module docstring)."""
@@ -140,9 +144,28 @@ class PySlurm(CliSlurm):
         return sorted(out, key=lambda n: n.name)
 
     def jobs(self) -> list[JobInfo]:
-        """All jobs slurmctld remembers, finished ones within MinJobAge included."""
+        """All jobs slurmctld remembers, finished ones within MinJobAge included.
+
+        pyslurm folds an exit status of 128 or more into a smaller one (a shell passing on
+        SIGABRT's 134 reads as 6), so a finished job's status comes from ``squeue --json``
+        once per run (one command for all the new ones), then from memory."""
         loaded = self._call("load jobs", self._ps.Jobs.load)
-        return sorted((_job(j) for j in loaded.values()), key=lambda j: int(j.job_id))
+        jobs = sorted((_job(j) for j in loaded.values()), key=lambda j: int(j.job_id))
+        fresh = [j.job_id for j in jobs if j.finished and _run(j) not in self._ended_status]
+        if fresh:
+            for j in parse_jobs(
+                self.read_json(["squeue", "--json", "--states=all", f"--jobs={','.join(fresh)}"])
+            ):
+                if j.finished:
+                    self._ended_status[_run(j)] = (j.exit_code, j.signal)
+        return [
+            replace(
+                j, exit_code=self._ended_status[_run(j)][0], signal=self._ended_status[_run(j)][1]
+            )
+            if j.finished and _run(j) in self._ended_status
+            else j
+            for j in jobs
+        ]
 
     # --- raw requests ---------------------------------------------------------------------
 
@@ -196,11 +219,15 @@ def _node(n: Any) -> NodeInfo:
     )
 
 
+def _run(job: JobInfo) -> tuple[str, int]:
+    return job.job_id, job.restart_count
+
+
 def _job(j: Any) -> JobInfo:
     # pyslurm's state is Slurm's job_state_string: a flag's name when one is set.
     state, flags = job_state_word(str(j.state or ""))
     nodes = j.allocated_nodes or ""
-    return JobInfo(
+    job = JobInfo(
         job_id=str(j.id),
         name=str(j.name or ""),
         state=state,
@@ -209,4 +236,10 @@ def _job(j: Any) -> JobInfo:
         reason=str(j.state_reason or ""),
         exit_code=j.exit_code,
         flags=flags,
+        signal=int(j.exit_code_signal or 0) or None,
+        requeueable=bool(j.is_requeueable) if j.is_requeueable is not None else True,
     )
+    if job.finished:
+        # A live job's end_time is Slurm's projection (start + time limit).
+        job = replace(job, end_time=float(j.end_time or 0))
+    return job
