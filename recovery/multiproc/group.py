@@ -350,6 +350,7 @@ def join(
                 f"process 0 cannot listen on port {port} ({e}); choose another port in "
                 "RECOVER_RENDEZVOUS"
             ) from e
+    sock = None
     try:
         sock = _connect(host, port, join_timeout_s)
         hello = {"op": "hello", "rank": topology.rank, "size": topology.size,
@@ -357,6 +358,8 @@ def join(
         wire.send(sock, hello)
         session, framer, pending = _welcome(sock, join_timeout_s + 5.0)
     except BaseException:
+        if sock is not None:
+            sock.close()
         if hub is not None:
             hub.close()
         raise

@@ -77,15 +77,16 @@ class Hub:
         self._silence_s = silence_s
         self._react = react
         self._clock = clock
-        self._sel = selectors.DefaultSelector()
         self._conns: dict[socket.socket, _Conn] = {}
         self._ranks: dict[int, _Conn] = {}
         self._pending: dict[tuple[str, int], dict[int, Any]] = {}
         self._joined = False
         self._broken = False
+        self._broken_msg: wire.Message = {}
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
-        self._waker_r, self._waker_w = socket.socketpair()
+        self._waker_r: socket.socket | None = None
+        self._waker_w: socket.socket | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -95,6 +96,8 @@ class Hub:
 
     def start(self) -> Hub:
         self._listener = socket.create_server(("", self._port), backlog=self.size + 8)
+        self._waker_r, self._waker_w = socket.socketpair()
+        self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ)
         self._sel.register(self._waker_r, selectors.EVENT_READ)
         self._thread = threading.Thread(target=self._serve, name="recover-hub", daemon=True)
@@ -104,8 +107,9 @@ class Hub:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop serving (waits up to ``timeout_s`` for the thread) and close every socket."""
         self._stop.set()
-        with contextlib.suppress(OSError):
-            self._waker_w.send(b"x")
+        if self._waker_w is not None:
+            with contextlib.suppress(OSError):
+                self._waker_w.send(b"x")
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
@@ -137,10 +141,9 @@ class Hub:
             self._stop.set()
             for conn in list(self._conns.values()):
                 conn.sock.close()
-            if self._listener is not None:
-                self._listener.close()
-            self._waker_r.close()
-            self._waker_w.close()
+            for s in (self._listener, self._waker_r, self._waker_w):
+                if s is not None:
+                    s.close()
             self._sel.close()
 
     def _accept(self) -> None:
@@ -206,6 +209,10 @@ class Hub:
 
     def _hello(self, conn: _Conn, msg: wire.Message) -> None:
         rank, size, group = msg.get("rank"), msg.get("size"), msg.get("group")
+        if self._broken:  # a process was lost during the join: this one stops as the rest
+            with contextlib.suppress(OSError):
+                wire.send(conn.sock, self._broken_msg)
+            return self._drop(conn)
         if group != self.group_id:
             return self._refuse(conn, f"group {group!r} is not this job's ({self.group_id!r})")
         if size != self.size or not isinstance(rank, int) or not 0 <= rank < self.size:
@@ -268,8 +275,8 @@ class Hub:
         if self._broken or not self._react:
             return
         self._broken = True
-        msg = {"op": "lost", "rank": rank, "reason": reason, "status": status}
-        self._broadcast(msg, skip=rank)
+        self._broken_msg = {"op": "lost", "rank": rank, "reason": reason, "status": status}
+        self._broadcast(self._broken_msg, skip=rank)
 
     def _broadcast(self, msg: wire.Message, *, skip: int | None = None) -> None:
         data = wire.encode(msg)

@@ -93,11 +93,15 @@ def start(
             exit_code=status,
         )
 
-    group = join(
-        topology,
-        on_lost=exit_on_loss(record, code=code),
-        react=env.get(ENV_WATCH, "1") != "0",
-    )
+    try:
+        group = join(
+            topology,
+            on_lost=exit_on_loss(record, code=code),
+            react=env.get(ENV_WATCH, "1") != "0",
+        )
+    except PeerLostError as e:  # lost during the join: recorded as any other loss
+        record(PeerLost(e.rank, e.reason, time.time(), None))
+        raise
     ranks = Ranks(group)
     holder.append(ranks)
     address = join_jax(group)
