@@ -166,6 +166,19 @@ class Group:
                 self._cond.wait(left)
             return self._results.pop(key)
 
+    def wait_lost(self, timeout_s: float) -> PeerLost | None:
+        """Wait up to ``timeout_s`` for news of a lost peer; the loss, or None. For a caller
+        whose collective failed on its own (the accelerator runtime may notice a dead peer
+        too): None means the failure is this process's."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self.lost is None and self._react:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return self.lost
+
     def channel(self, name: str) -> Channel:
         """Collectives on channel ``name``, for a part that runs on its own thread."""
         return Channel(self, name)

@@ -274,6 +274,11 @@ def _compile(run: Run, state: Any, step: int) -> _Programs:
     # Warmup: compile both functions and run them once on the current state, discarding the
     # result (functional update: the state is unchanged), so step times are steady-state.
     t0 = time.perf_counter()
+    if run.ranks is not None:
+        # The first collective sets up gloo, whose key exchange waits only 30 s for the
+        # peers; compiling on a busy node can take longer. Compile first, then meet.
+        M.compile_ahead(run.spec, run.mesh, run.opts.seed, run.opts.lr, state, position(step))
+        run.ranks.group.barrier()
     jax.block_until_ready(step_fn(state, batch_fn(position(step))))
     run.events.emit("warmup", step=step, warmup_s=round(time.perf_counter() - t0, 6))
     return _Programs(step_fn, batch_fn, position)

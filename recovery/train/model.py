@@ -239,3 +239,14 @@ def make_train_step(
         in_shardings=(shard, batch_sharding(spec, mesh)),
         out_shardings=(shard, rep),
     )
+
+
+def compile_ahead(
+    spec: ModelSpec, mesh: Mesh, seed: int, lr: float, state: State, position: Any
+) -> None:
+    """Compile the batch and train-step functions for ``state`` and a batch at ``position``
+    without running them: no collective runs, so no peer is waited for."""
+    batch_fn: Any = make_batch_fn(spec, mesh, seed)
+    step_fn: Any = make_train_step(spec, mesh, lr)
+    batch_fn.lower(position).compile()
+    step_fn.lower(state, jax.eval_shape(batch_fn, position)).compile()

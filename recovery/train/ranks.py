@@ -157,15 +157,31 @@ def finish(ranks: Ranks, exit_code: int, log: Log) -> None:
         log(f"recover: {e} while leaving; this process's run is complete")
 
 
+#: Seconds an error that may come from a lost peer waits for the watch to confirm it.
+LOSS_GRACE_S = 5.0
+
+
 @contextmanager
 def failing_together(ranks: Ranks | None) -> Iterator[None]:
-    """Tell the other processes when this one fails, so they stop instead of waiting."""
+    """Tell the other processes when this one fails, so they stop instead of waiting.
+
+    An error that a lost peer may have caused (a collective of the runtime failing because
+    its peer's connection reset: gloo notices a dead peer too) first waits up to
+    :data:`LOSS_GRACE_S` for the group's news of a loss: if it comes, the watch ends this
+    process (status 76, ``peer-lost`` event), as for any loss, and the error is not this
+    process's to report.
+    """
     try:
         yield
     except BaseException as e:
-        if ranks is not None and not isinstance(e, PeerLostError):
-            status = e.exit_code if isinstance(e, RecoverError) else 1
-            ranks.group.abort(f"{type(e).__name__}: {e}", status)
+        if ranks is None:
+            raise
+        maybe_a_loss = isinstance(e, PeerLostError) or not isinstance(e, RecoverError)
+        if maybe_a_loss and ranks.group.wait_lost(LOSS_GRACE_S) is not None:
+            time.sleep(LOSS_GRACE_S)  # the watch is ending this process meanwhile
+            raise
+        status = e.exit_code if isinstance(e, RecoverError) else 1
+        ranks.group.abort(f"{type(e).__name__}: {e}", status)
         raise
 
 
