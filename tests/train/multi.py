@@ -66,9 +66,13 @@ class Job:
 
 
 def launch(
-    run_dir: Path, k: int, steps: int, save_every: int, *extra: str,
+    run_dir: Path,
+    k: int,
+    steps: int,
+    save_every: int,
+    *extra: str,
     env: dict[str, str] | None = None,
-) -> Job:  # fmt: skip
+) -> Job:
     """Start K processes of ``recover train`` on this machine, process 0's rendezvous on a
     free loopback port; each one's stderr goes to ``<run_dir>.rank<r>.log``."""
     port = free_port()

@@ -17,20 +17,14 @@ from recovery.train.preempt import EXIT_PREEMPTED
 from tests.train.conftest import completed_digest, events, run_cli, train_cmd, wait_for
 from tests.train.multi import STOP_WITHIN_S, final_digest, launch, of, run
 
-STEPS = 12
+STEPS = 12  # tests.train.conftest.K2_STEPS
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("compile-cache")
-
-
-@pytest.fixture(scope="module")
-def control(tmp_path_factory: pytest.TempPathFactory, cache: Path) -> str:
-    """Final digest of the uninterrupted 2-process run."""
-    run_dir = tmp_path_factory.mktemp("control") / "run"
-    run(run_dir, 2, STEPS, 4, "--compile-cache", str(cache))
-    return final_digest(run_dir, 2)
+def control(k2_control: tuple[int, str]) -> str:
+    """Final digest of the uninterrupted 2-process run of mlp-tiny to ``STEPS``."""
+    assert k2_control[0] == STEPS
+    return k2_control[1]
 
 
 def test_a_signal_to_one_process_stops_both_after_the_same_step(
@@ -130,11 +124,13 @@ def test_a_two_process_checkpoint_restores_in_one_process(tmp_path: Path, cache:
     ("env", "extra", "message"),
     [
         (
-            {"RECOVER_NUM_PROCESSES": "3", "RECOVER_PROCESS_ID": "0",
-             "RECOVER_RENDEZVOUS": "127.0.0.1:9"},
+            {
+                "RECOVER_NUM_PROCESSES": "3",
+                "RECOVER_PROCESS_ID": "0",
+                "RECOVER_RENDEZVOUS": "127.0.0.1:9",
+            },
             (),
-            "batch of 32 does not divide over 3 processes; models whose batch does: "
-            "mlp-tiny-48",
+            "batch of 32 does not divide over 3 processes; models whose batch does: mlp-tiny-48",
         ),
         (
             {"RECOVER_NUM_PROCESSES": "2", "RECOVER_PROCESS_ID": "1"},
@@ -142,7 +138,7 @@ def test_a_two_process_checkpoint_restores_in_one_process(tmp_path: Path, cache:
             "no RECOVER_RENDEZVOUS=HOST:PORT",
         ),
     ],
-)  # fmt: skip
+)
 def test_bad_process_settings_are_refused_before_anything_starts(
     tmp_path: Path, env: dict[str, str], extra: tuple[str, ...], message: str
 ) -> None:
