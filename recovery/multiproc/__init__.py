@@ -23,18 +23,9 @@ import sys
 from collections.abc import Callable
 
 from recovery.errors import PeerLostError
-from recovery.multiproc.group import (
-    HEARTBEAT_S,
-    JOIN_TIMEOUT_S,
-    SILENCE_S,
-    Channel,
-    Gathering,
-    Group,
-    OnLost,
-    PeerLost,
-    join,
-)
+from recovery.multiproc.group import Channel, Gathering, Group, OnLost, PeerLost
 from recovery.multiproc.jaxjoin import free_port, join_jax, leave_jax
+from recovery.multiproc.rendezvous import HEARTBEAT_S, JOIN_TIMEOUT_S, SILENCE_S, join
 from recovery.multiproc.topology import (
     ENV_PROCESS_ID,
     ENV_PROCESSES,
