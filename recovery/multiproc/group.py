@@ -117,6 +117,7 @@ class Group:
         self._farewell = False
         self._framer = framer or wire.Framer()
         self._pending = list(pending or [])
+        sock.settimeout(heartbeat_s)  # the reader wakes this often to send heartbeats
         self._reader = threading.Thread(target=self._read, name="recover-group", daemon=True)
         self._reader.start()
 
@@ -245,7 +246,6 @@ class Group:
         framer = self._framer
         for msg in self._pending:  # arrived together with the welcome
             self._handle(msg)
-        self._sock.settimeout(self._heartbeat_s)
         last_heard = last_ping = time.monotonic()
         while True:
             try:

@@ -14,7 +14,7 @@ import pytest
 from recovery.checkpoint import CheckpointStore, RunLock
 from recovery.multiproc import EXIT_PEER_LOST
 from recovery.train.preempt import EXIT_PREEMPTED
-from tests.train.conftest import completed_digest, events, run_cli, train_cmd, wait_for
+from tests.train.conftest import run_cli, train_cmd, wait_for
 from tests.train.multi import STOP_WITHIN_S, final_digest, launch, of, run
 
 STEPS = 12  # tests.train.conftest.K2_STEPS
@@ -105,19 +105,29 @@ def test_a_process_that_fails_makes_the_others_end_with_its_status(
     assert "RunLockedError" in lost["reason"]
 
 
-def test_a_two_process_checkpoint_restores_in_one_process(tmp_path: Path, cache: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("then", [1, 3])
+def test_a_two_process_checkpoint_restores_with_another_count(
+    tmp_path: Path, cache: Path, then: int
+) -> None:
     """A different process count restores the replicated state as is (documented: from then
     on the run matches runs of the new count, not bit for bit the old one)."""
     run_dir = tmp_path / "run"
-    run(run_dir, 2, 4, 4, "--compile-cache", str(cache))
+    model = ("--model", "mlp-tiny-48", "--compile-cache", str(cache))
+    run(run_dir, 2, 4, 4, *model)
     saved = final_digest(run_dir, 2)
-    done = run_cli(train_cmd(run_dir, 6, 2, "--resume", "--compile-cache", str(cache)))
-    assert done.returncode == 0, done.stderr
-    restored = [e for e in events(run_dir) if e["event"] == "restored"]
+    if then == 1:
+        done = run_cli(train_cmd(run_dir, 6, 2, "--resume", *model))
+        assert done.returncode == 0, done.stderr
+        log = done.stderr
+    else:
+        job = run(run_dir, then, 6, 2, "--resume", *model)
+        log = job.logs[0].read_text()
+    restored = of(run_dir, "restored")[0]
     assert restored[-1]["state_digest"] == saved
     assert restored[-1]["saved_processes"] == 2
-    assert "saved by 2 process(es); continuing with 1" in done.stderr
-    assert completed_digest(run_dir)
+    assert f"saved by 2 process(es); continuing with {then}" in log
+    assert final_digest(run_dir, then) != saved
 
 
 @pytest.mark.parametrize(
