@@ -120,9 +120,7 @@ def with_auto_resume(command: Sequence[str]) -> list[str]:
     return cmd
 
 
-def render_batch_script(
-    command: Sequence[str], *, signal_lead_s: int, processes: int = 1
-) -> str:
+def render_batch_script(command: Sequence[str], *, signal_lead_s: int, processes: int = 1) -> str:
     """The batch script that runs ``command`` under the USR1/TERM forwarding contract, as one
     process in the batch step or, for ``processes`` > 1, as that many processes (one per
     node) in one ``srun`` step with ``RECOVER_RENDEZVOUS`` set.

@@ -89,8 +89,9 @@ def save_shared(
     t0 = time.perf_counter()
     items = commit.checked_input(step, arrays, run_config, metadata)
     views = [io.as_bytes(a) for _, a in items]
-    plan = io.plan_files([len(v) for v in views], max_files=max(workers, peers.size),
-                         min_files=peers.size)  # fmt: skip
+    plan = io.plan_files(
+        [len(v) for v in views], max_files=max(workers, peers.size), min_files=peers.size
+    )
     final = root / fmt.step_dir_name(step)
     tmp = root / f"{fmt.TMP_PREFIX}{final.name}-{peers.session}-{save_index}"
     mine = [f for f in range(len(plan)) if f % peers.size == peers.rank]
@@ -143,9 +144,13 @@ def _commit(
 ) -> dict[str, Any]:
     """Process 0's part once every data file is durable: manifest, rename, retention."""
     manifest = fmt.build_manifest(
-        step=step, created_unix=now, run_config=run_config, metadata=metadata,
-        files=files, leaves=leaves,
-    )  # fmt: skip
+        step=step,
+        created_unix=now,
+        run_config=run_config,
+        metadata=metadata,
+        files=files,
+        leaves=leaves,
+    )
     try:
         commit.write_manifest(tmp, manifest)
         commit.publish(root, tmp, final)

@@ -105,8 +105,6 @@ def from_host(template: Any, arrays: dict[str, np.ndarray]) -> Any:
         # process holding the whole array (the state is replicated across processes).
         sharding = items[i][1].sharding
         if not sharding.is_fully_addressable:
-            leaves[i] = jax.make_array_from_callback(
-                leaves[i].shape, sharding, _slicer(leaves[i])
-            )
+            leaves[i] = jax.make_array_from_callback(leaves[i].shape, sharding, _slicer(leaves[i]))
     treedef = jax.tree_util.tree_structure(template)
     return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -32,14 +32,23 @@ def group3() -> Iterator[list[Group]]:
         g.abort("test over")
 
 
-def _save_all(groups: list[Group], stores: list[CheckpointStore], step: int,
-              arrays: dict[str, np.ndarray], index: int = 1) -> list[Any]:  # fmt: skip
+def _save_all(
+    groups: list[Group],
+    stores: list[CheckpointStore],
+    step: int,
+    arrays: dict[str, np.ndarray],
+    index: int = 1,
+) -> list[Any]:
     def save(g: Group) -> Any:
         try:
             return stores[g.rank].save_shared(
-                step, arrays, peers=g.channel("save"), save_index=index, run_config=RUN_CONFIG,
+                step,
+                arrays,
+                peers=g.channel("save"),
+                save_index=index,
+                run_config=RUN_CONFIG,
                 metadata={"data_position": step, "processes": g.size},
-            )  # fmt: skip
+            )
         except SharedSaveError as e:
             return e
 
@@ -47,9 +56,12 @@ def _save_all(groups: list[Group], stores: list[CheckpointStore], step: int,
 
 
 def test_three_processes_save_one_step_with_one_manifest(
-    group3: list[Group], root: Path, arrays_for: ArraysFor, assert_same: AssertSame,
+    group3: list[Group],
+    root: Path,
+    arrays_for: ArraysFor,
+    assert_same: AssertSame,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     stores = [CheckpointStore(root) for _ in group3]
     results = _save_all(group3, stores, 8, arrays_for(8))
     assert {r.state_digest for r in results} == {results[0].state_digest}

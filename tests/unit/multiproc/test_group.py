@@ -129,8 +129,14 @@ def test_a_member_that_falls_silent_is_lost_after_the_silence(form: Any) -> None
     result: list[Group] = []
 
     def rank0() -> None:
-        result.append(join(topo(0, 2, port), on_lost=lambda lost: losses.update({0: lost}),
-                           heartbeat_s=0.05, silence_s=0.5))  # fmt: skip
+        result.append(
+            join(
+                topo(0, 2, port),
+                on_lost=lambda lost: losses.update({0: lost}),
+                heartbeat_s=0.05,
+                silence_s=0.5,
+            )
+        )
 
     t = threading.Thread(target=rank0)
     t.start()
@@ -212,8 +218,9 @@ def _hello(port: int, rank: int, size: int) -> socket.socket:
 def test_a_process_lost_during_the_join_stops_the_late_ones_too() -> None:
     """A member dies after its hello, before everyone arrived: one arriving later is told at
     once instead of waiting out the join timeout."""
-    hub = Hub(size=3, group_id="job", port=0, join_timeout_s=30, heartbeat_s=0.1,
-              silence_s=30).start()  # fmt: skip
+    hub = Hub(
+        size=3, group_id="job", port=0, join_timeout_s=30, heartbeat_s=0.1, silence_s=30
+    ).start()
     try:
         early = _hello(hub.port, 0, 3)
         doomed = _hello(hub.port, 1, 3)
