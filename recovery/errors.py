@@ -132,6 +132,42 @@ class BackgroundSaveError(CheckpointError):
     """An asynchronous save failed in the background; the cause is chained."""
 
 
+# --- multi-process jobs ----------------------------------------------------------------------
+
+
+class GroupError(RecoverError):
+    """The processes of a multi-process job could not form their group (a process missing at
+    the join, a rendezvous refused), or a collective among them failed."""
+
+    exit_code = 11
+
+
+class PeerLostError(GroupError):
+    """Another process of the job died or left while this one needed it; ``rank`` says which
+    (None when unknown) and ``reason`` how it was noticed."""
+
+    #: The status a process exits with when it stops because a peer was lost (EX_PROTOCOL).
+    exit_code = 76
+
+    def __init__(self, rank: int | None, reason: str) -> None:
+        who = "a peer process" if rank is None else f"process {rank}"
+        super().__init__(f"{who} was lost: {reason}")
+        self.rank = rank
+        self.reason = reason
+
+
+class NoAgreedCheckpointError(CheckpointError):
+    """The processes of a job found no checkpoint that verifies for every one of them."""
+
+    def __init__(self, directory: str, refusals: Sequence[tuple[int, str]]) -> None:
+        lines = "\n".join(f"  step {step}: {why}" for step, why in refusals)
+        super().__init__(
+            f"the processes found no checkpoint in {directory} that verifies for all of them:"
+            f"\n{lines}"
+        )
+        self.refusals = list(refusals)
+
+
 # --- slurm -----------------------------------------------------------------------------------
 
 

@@ -3,6 +3,10 @@
 ``recover report`` joins these lines with the coordinator's journal, so the schema is part of
 the product: every line has ``event`` (one of :data:`EVENTS`), ``ts`` (wall clock, Unix
 seconds), ``step``, ``pid``, and, under Slurm, ``slurm_job_id`` and ``restart_count``.
+
+A job of several processes writes one file per process (:func:`events_file`): process 0
+``events.jsonl``, process ``r`` ``events.rank<r>.jsonl``; each of their lines also has
+``rank`` and ``ranks`` (the process count). :func:`read_rank_events` reads them all.
 """
 
 from __future__ import annotations
@@ -27,8 +31,31 @@ EVENTS = frozenset(
         "checkpoint",  # a checkpoint became durable
         "preempted",  # stopped by SIGTERM/SIGUSR1 after saving
         "completed",  # reached the final step; carries state_digest
+        "joined",  # the processes of a multi-process job formed their group
+        "peer-lost",  # stopping at once because another process of the job was lost
     }
 )
+
+EVENTS_FILE = "events.jsonl"
+
+
+def events_file(run_dir: Path, rank: int = 0) -> Path:
+    """Process ``rank``'s event log in ``run_dir``: ``events.jsonl`` for process 0 (and for a
+    single-process run), ``events.rank<r>.jsonl`` for the others."""
+    return run_dir / (EVENTS_FILE if rank == 0 else f"events.rank{rank}.jsonl")
+
+
+def read_rank_events(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """Every process's events in ``run_dir``, by rank (only the files that exist)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    main = run_dir / EVENTS_FILE
+    if main.exists():
+        out[0] = list(read_events(main))
+    for path in sorted(run_dir.glob("events.rank*.jsonl")):
+        rank = path.name[len("events.rank") : -len(".jsonl")]
+        if rank.isdigit():
+            out[int(rank)] = list(read_events(path))
+    return dict(sorted(out.items()))
 
 
 def slurm_context(environ: Mapping[str, str]) -> dict[str, Any]:

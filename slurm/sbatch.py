@@ -11,6 +11,15 @@ The contract between the batch script and the training process:
   returns to the queue and, on its next start, ``--auto-resume`` restores the newest intact
   checkpoint. (On TERM Slurm itself decides: a node set DOWN requeues ``--requeue`` jobs.)
 * ``--open-mode=append`` keeps the output of earlier runs; a requeue would empty it otherwise.
+
+With ``processes`` = K > 1 the script starts the command as K processes, one per node, in one
+job step: ``srun --nodes=K --ntasks=K --ntasks-per-node=1 --nodelist=<the first K nodes>
+--kill-on-bad-exit=1``, with ``RECOVER_RENDEZVOUS=<NodeAddr of the first node>:<a port free
+there>`` exported (the script runs on that node; process 0 listens there). srun forwards the
+USR1/TERM it gets from the script to every process; they stop after the same step, each
+saves its share and exits 75, so srun exits 75 too. ``--kill-on-bad-exit`` is the backstop
+when a process dies: the others normally stop on their own within moments (exit 76), and
+the step ends with the dead process's status (134 for SIGABRT).
 """
 
 from __future__ import annotations
@@ -42,8 +51,7 @@ forward() {{
 }}
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
-
-{command} &
+{launch}
 child=$!
 # A signal that came before $child was known (training may start first) is forwarded now.
 if [ -n "$pending" ]; then kill -s "$pending" "$child" 2>/dev/null || true; fi
@@ -62,11 +70,34 @@ done
 
 if [ "$warned" -eq 1 ] && [ "$status" -eq {preempted} ]; then
     echo "recover-sbatch: job ${{SLURM_JOB_ID:-?}} saved and stopped on USR1; requeueing" >&2
-    scontrol requeue "$SLURM_JOB_ID"
-    exit 0
+    if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi
+    echo "recover-sbatch: job ${{SLURM_JOB_ID:-?}} cannot be requeued (--no-requeue?);" >&2
+    echo "recover-sbatch: its checkpoint is kept: submit the same command to resume" >&2
 fi
 exit "$status"
 """
+
+_ONE_PROCESS = """
+{command} &"""
+
+# Several processes: one job step of K tasks, one per node, on the first K nodes of the
+# allocation. This shell runs on the first of them, where process 0 will listen: the others
+# reach it at that node's NodeAddr (node names need not resolve) on a port free here.
+_PROCESSES = """
+# {processes} processes, one per node, in one job step; process 0 runs on this node (the first).
+nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n {processes} | paste -sd, -)
+addr=$(scontrol show node "${{nodes%%,*}}" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')
+port=$({python} -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+if [ -z "$addr" ] || [ -z "$port" ]; then
+    echo "recover-sbatch: cannot find this node's address (NodeAddr) or a free port" >&2
+    exit 1
+fi
+export RECOVER_RENDEZVOUS="$addr:$port"
+srun --nodes={processes} --ntasks={processes} --ntasks-per-node=1 --nodelist="$nodes" \\
+    --kill-on-bad-exit=1 {command} &"""
+
+#: The interpreter the batch script uses to find a free port on the first node.
+PORT_PYTHON = "python3"
 
 
 def is_recover_train(command: Sequence[str]) -> bool:
@@ -89,17 +120,89 @@ def with_auto_resume(command: Sequence[str]) -> list[str]:
     return cmd
 
 
-def render_batch_script(command: Sequence[str], *, signal_lead_s: int) -> str:
-    """The batch script that runs ``command`` under the USR1/TERM forwarding contract.
+def render_batch_script(command: Sequence[str], *, signal_lead_s: int, processes: int = 1) -> str:
+    """The batch script that runs ``command`` under the USR1/TERM forwarding contract, as one
+    process in the batch step or, for ``processes`` > 1, as that many processes (one per
+    node) in one ``srun`` step with ``RECOVER_RENDEZVOUS`` set.
 
     Pure; ``command`` is quoted for bash, so any argument is passed verbatim. Raises
-    UsageError for an empty command.
+    UsageError for an empty command or a process count below 1.
     """
     if not command:
         raise UsageError("No command to run: give it after '--', e.g. -- recover train ...")
-    return _SCRIPT.format(
-        command=shlex.join(command), preempted=PREEMPTED_STATUS, lead=signal_lead_s
+    if processes < 1:
+        raise UsageError(f"Invalid process count {processes}: expected 1 or more")
+    quoted = shlex.join(command)
+    launch = (
+        _ONE_PROCESS.format(command=quoted)
+        if processes == 1
+        else _PROCESSES.format(command=quoted, processes=processes, python=PORT_PYTHON)
     )
+    return _SCRIPT.format(launch=launch, preempted=PREEMPTED_STATUS, lead=signal_lead_s)
+
+
+def requested_nodes(sbatch_args: Sequence[str]) -> str | None:
+    """The node count the sbatch options ask for (``-N 3``, ``-N3``, ``--nodes=3``,
+    ``--nodes 3``, or a range ``2-4``), as written; the last one wins, as in sbatch. None
+    when absent."""
+    found = None
+    args = list(sbatch_args)
+    for i, arg in enumerate(args):
+        if arg in ("-N", "--nodes") and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith("--nodes="):
+            found = arg.split("=", 1)[1]
+        elif arg.startswith("-N") and len(arg) > 2:
+            found = arg[2:]
+    return found
+
+
+def default_processes(command: Sequence[str], sbatch_args: Sequence[str]) -> int:
+    """How many processes ``recover sbatch`` starts when not told: one per node asked for
+    (``-N K``) for ``recover train``, one for any other command (or a node range)."""
+    nodes = requested_nodes(sbatch_args)
+    if is_recover_train(command) and nodes is not None and nodes.isdigit():
+        return max(1, int(nodes))
+    return 1
+
+
+def requeue_warning(sbatch_args: Sequence[str]) -> str | None:
+    """What to tell a user who turned requeueing off, or None."""
+    if "--no-requeue" not in sbatch_args:
+        return None
+    return (
+        "recover-sbatch: warning: with --no-requeue the job does not come back after a "
+        "preemption or a lost node; it still saves before stopping, and submitting the same "
+        "command again resumes from its newest checkpoint"
+    )
+
+
+def _node_options(sbatch_args: Sequence[str], processes: int) -> dict[str, str | None]:
+    """``--nodes`` to add for ``processes`` (none when the user asked for a count).
+
+    Raises:
+        UsageError: more processes than nodes asked for, or a node range with several
+            processes (one process per node needs a fixed count).
+    """
+    if processes < 1:
+        raise UsageError(f"Invalid --processes {processes}: expected 1 or more")
+    nodes = requested_nodes(sbatch_args)
+    if processes == 1:
+        return {}
+    if nodes is None:
+        return {"nodes": str(processes)}
+    if not nodes.isdigit():
+        raise UsageError(
+            f"-N {nodes}: {processes} processes, one per node, need a fixed node count "
+            f"(e.g. -N {processes})"
+        )
+    if processes > int(nodes):
+        raise UsageError(
+            f"--processes {processes} is more than the job's {nodes} node(s) (-N {nodes}): "
+            f"one process runs per node; ask for -N {processes}, or for at most "
+            f"{nodes} processes"
+        )
+    return {}
 
 
 def training_job(
@@ -110,13 +213,17 @@ def training_job(
     job_name: str | None = None,
     workdir: str | None = None,
     expedite: bool = False,
+    processes: int = 1,
 ) -> BatchJob:
     """Build the requeueable batch job for a training command.
 
     ``signal_lead_s`` is how many seconds before the time limit USR1 arrives (1-65535).
     ``sbatch_args`` are passed to sbatch verbatim and come after ours, so they win.
     ``expedite`` asks for ``--requeue=expedite`` (see :func:`expedite_allowed`).
-    Raises UsageError for an out-of-range lead or an empty command.
+    ``processes`` > 1 runs the command as that many processes, one per node, in one
+    ``srun`` step (``--nodes`` is added when ``sbatch_args`` do not ask for a count).
+    Raises UsageError for an out-of-range lead, an empty command, or more processes than
+    nodes.
     """
     if not 1 <= signal_lead_s <= 65535:
         raise UsageError(f"Invalid --signal-lead {signal_lead_s}: expected 1 to 65535 seconds")
@@ -125,13 +232,14 @@ def training_job(
         "requeue": "expedite" if expedite else None,
         "open-mode": "append",
         "signal": f"B:USR1@{signal_lead_s}",
+        **_node_options(sbatch_args, processes),
     }
     if job_name is not None:
         options["job-name"] = job_name
     elif is_recover_train(cmd):
         options["job-name"] = "recover-train"
     return BatchJob(
-        script=render_batch_script(cmd, signal_lead_s=signal_lead_s),
+        script=render_batch_script(cmd, signal_lead_s=signal_lead_s, processes=processes),
         options=options,
         extra_args=tuple(sbatch_args),
         workdir=workdir or os.getcwd(),
@@ -156,9 +264,11 @@ def submit_training(
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S,
     job_name: str | None = None,
     expedite: bool | None = None,
+    processes: int = 1,
 ) -> str:
-    """Submit ``command`` as a requeueable training job; return the job id. ``expedite``
-    (None: where :func:`expedite_allowed`) asks for ``--requeue=expedite``.
+    """Submit ``command`` as a requeueable training job of ``processes`` processes (one per
+    node); return the job id. ``expedite`` (None: where :func:`expedite_allowed`) asks for
+    ``--requeue=expedite``.
 
     Raises UsageError for bad input, SlurmRefusedError when sbatch refuses (e.g. an unknown
     sbatch option) and SlurmUnavailableError when slurmctld cannot be reached.
@@ -166,7 +276,11 @@ def submit_training(
     if expedite is None:
         expedite = expedite_allowed(control)
     job = training_job(
-        command, sbatch_args=sbatch_args, signal_lead_s=signal_lead_s, job_name=job_name,
+        command,
+        sbatch_args=sbatch_args,
+        signal_lead_s=signal_lead_s,
+        job_name=job_name,
         expedite=expedite,
-    )  # fmt: skip
+        processes=processes,
+    )
     return control.submit(job)

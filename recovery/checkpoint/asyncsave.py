@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from recovery.checkpoint.store import CheckpointStore, SaveResult
+from recovery.checkpoint.store import CheckpointStore, Peers, SaveResult
 from recovery.errors import BackgroundSaveError
 
 
@@ -25,6 +25,9 @@ class AsyncCheckpointer:
     Args:
         store: where checkpoints go.
         on_saved: called on the background thread after each durable save (e.g. to log).
+        peers: for a job of several processes, the collectives of the checkpoint thread:
+            every save is then :meth:`CheckpointStore.save_shared` (every process must save
+            the same steps in the same order).
     """
 
     def __init__(
@@ -32,9 +35,12 @@ class AsyncCheckpointer:
         store: CheckpointStore,
         *,
         on_saved: Callable[[SaveResult], None] | None = None,
+        peers: Peers | None = None,
     ) -> None:
         self.store = store
         self._on_saved = on_saved
+        self._peers = peers
+        self._saves = 0
         self._thread: threading.Thread | None = None
         self._result: SaveResult | None = None
         self._error: BaseException | None = None
@@ -57,10 +63,18 @@ class AsyncCheckpointer:
         """Start saving ``step``; first waits for (and reports) the previous save."""
         self.wait()
         self._pending_step = step
+        self._saves += 1
+        index, peers = self._saves, self._peers
 
         def run() -> None:
             try:
-                result = self.store.save(step, arrays, run_config=run_config, metadata=metadata)
+                if peers is None:
+                    result = self.store.save(step, arrays, run_config=run_config, metadata=metadata)
+                else:
+                    result = self.store.save_shared(
+                        step, arrays, peers=peers, save_index=index,
+                        run_config=run_config, metadata=metadata,
+                    )  # fmt: skip
                 self._result = result
                 if self._on_saved is not None:
                     self._on_saved(result)

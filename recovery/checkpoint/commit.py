@@ -114,14 +114,44 @@ def write_data(
     """
     views = [io.as_bytes(a) for _, a in items]
     plan = io.plan_files([len(v) for v in views], max_files=workers)
+    written = write_files(tmp, views, plan, range(len(plan)), workers=workers)
+    return manifest_entries(items, plan, written)
+
+
+Written = dict[int, tuple[list[tuple[int, str]], int]]
+"""Data file index -> ``([(offset, digest) per leaf of the file], file size)``."""
+
+
+def write_files(
+    tmp: Path,
+    views: Sequence[memoryview],
+    plan: Sequence[Sequence[int]],
+    files: Sequence[int],
+    *,
+    workers: int,
+) -> Written:
+    """Write data files ``files`` (indices into ``plan``, which lists each file's leaves) in
+    parallel, each fsynced. A process of a multi-process save writes its share this way.
+
+    Raises:
+        OSError: a write or fsync failed; what was written stays in ``tmp``.
+    """
 
     def write(f: int) -> tuple[list[tuple[int, str]], int]:
         return io.write_packed(tmp / fmt.data_file_name(f), [views[i] for i in plan[f]])
 
-    with ThreadPoolExecutor(max(1, min(workers, len(plan)))) as pool:
-        written = list(pool.map(write, range(len(plan))))
+    with ThreadPoolExecutor(max(1, min(workers, len(files)))) as pool:
+        return dict(zip(files, pool.map(write, files), strict=True))
+
+
+def manifest_entries(
+    items: Sequence[Leaf], plan: Sequence[Sequence[int]], written: Written
+) -> tuple[list[fmt.LeafEntry], list[fmt.FileEntry]]:
+    """The manifest's leaf entries (in ``items`` order) and file entries, once every file of
+    ``plan`` is ``written``."""
     placement: dict[int, tuple[str, int, str]] = {}
-    for f, (placed, _) in enumerate(written):
+    for f in range(len(plan)):
+        placed, _ = written[f]
         for i, (offset, digest) in zip(plan[f], placed, strict=True):
             placement[i] = (fmt.data_file_name(f), offset, digest)
     leaves = [
@@ -131,12 +161,12 @@ def write_data(
             offset=placement[i][1],
             dtype=a.dtype.name,
             shape=tuple(a.shape),
-            nbytes=len(views[i]),
+            nbytes=a.nbytes,
             digest=placement[i][2],
         )
         for i, (path, a) in enumerate(items)
     ]
-    files = [fmt.FileEntry(fmt.data_file_name(f), size) for f, (_, size) in enumerate(written)]
+    files = [fmt.FileEntry(fmt.data_file_name(f), written[f][1]) for f in range(len(plan))]
     return leaves, files
 
 

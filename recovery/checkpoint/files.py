@@ -113,14 +113,16 @@ def exchange(a: Path, b: Path) -> bool:
 
 
 def plan_files(
-    sizes: Sequence[int], *, max_files: int, target: int = FILE_TARGET
+    sizes: Sequence[int], *, max_files: int, target: int = FILE_TARGET, min_files: int = 1
 ) -> list[list[int]]:
     """Assign leaves (by index) to data files: about ``target`` bytes each, at most
-    ``max_files`` files, sizes balanced so parallel writers finish together. Within a file
+    ``max_files`` files but at least ``min_files`` (one per writing process) where there
+    are that many leaves, sizes balanced so parallel writers finish together. Within a file
     leaves keep their original order. No leaves: no files."""
     if not sizes:
         return []
     n = max(1, min(max_files, len(sizes), math.ceil(sum(sizes) / target)))
+    n = max(n, min(min_files, len(sizes)))
     heap = [(0, f) for f in range(n)]
     bins: list[list[int]] = [[] for _ in range(n)]
     for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):

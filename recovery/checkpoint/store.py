@@ -20,17 +20,19 @@ from typing import Any
 
 import numpy as np
 
-from recovery.checkpoint import commit, scan, verify
+from recovery.checkpoint import commit, scan, shared, verify
 from recovery.checkpoint import format as fmt
 from recovery.checkpoint.commit import SaveResult
 from recovery.checkpoint.retention import RetentionPolicy
 from recovery.checkpoint.scan import StepState, StepStatus
+from recovery.checkpoint.shared import Peers
 from recovery.checkpoint.verify import Loaded, RestoreResult
 
 __all__ = [
     "CheckpointStore",
     "Clock",
     "Loaded",
+    "Peers",
     "RestoreResult",
     "SaveResult",
     "StepState",
@@ -116,6 +118,19 @@ class CheckpointStore:
             self.root, self.steps(), run_config=run_config, workers=self._workers
         )
 
+    def restore_agreed(self, *, peers: Peers, run_config: Mapping[str, Any]) -> RestoreResult:
+        """:meth:`restore_latest` for a job of several processes: the newest step that every
+        process verifies (:func:`recovery.checkpoint.shared.restore_agreed`; a collective).
+
+        Raises:
+            NoCheckpointError, ConfigMismatchError: as :meth:`restore_latest`.
+            NoAgreedCheckpointError: no step verifies for all; each refusal is listed.
+            PeerLostError: a process was lost on the way.
+        """
+        return shared.restore_agreed(
+            self.root, peers=peers, run_config=run_config, workers=self._workers
+        )
+
     # --- writing -----------------------------------------------------------------------------
 
     def save(
@@ -164,6 +179,38 @@ class CheckpointStore:
             state_digest=fmt.state_digest(leaves),
             deleted_steps=tuple(deleted),
             retention_errors=tuple(errors),
+        )
+
+    def save_shared(
+        self,
+        step: int,
+        arrays: Mapping[str, np.ndarray],
+        *,
+        peers: Peers,
+        save_index: int,
+        run_config: Mapping[str, Any],
+        metadata: Mapping[str, Any] | None = None,
+    ) -> SaveResult:
+        """:meth:`save` by every process of a job at once, each writing its share of the data
+        files; process 0 commits once every share is durable
+        (:func:`recovery.checkpoint.shared.save_shared`; a collective).
+
+        Raises:
+            UsageError: as :meth:`save`.
+            SharedSaveError: a process's part or the commit failed (named in the message).
+            PeerLostError: a process was lost on the way.
+        """
+        return shared.save_shared(
+            self.root,
+            step,
+            arrays,
+            peers=peers,
+            save_index=save_index,
+            run_config=run_config,
+            metadata=dict(metadata or {}),
+            retention=self.retention,
+            workers=self._workers,
+            now=self._clock(),
         )
 
     def apply_retention(self, *, newest_durable: int) -> tuple[list[int], list[str]]:

@@ -35,7 +35,35 @@ def to_host(tree: Any) -> dict[str, np.ndarray]:
     for _, leaf in items:
         if isinstance(leaf, jax.Array):
             leaf.copy_to_host_async()
-    return {path: np.asarray(leaf) for path, leaf in items}
+    return {path: _host(path, leaf) for path, leaf in items}
+
+
+def _host(path: str, leaf: Any) -> np.ndarray:
+    """The whole of ``leaf`` from this process's own shards. In a job of several processes a
+    replicated state is sharded over each process's devices only, so every process holds
+    all of it, though JAX does not call such an array fully addressable.
+
+    Raises:
+        CheckpointError: this process does not hold every element of the leaf (a state
+            sharded across processes cannot be saved by each of them).
+    """
+    if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
+        return np.asarray(leaf)
+    out = np.empty(leaf.shape, leaf.dtype)
+    covered = np.zeros(leaf.shape, bool)
+    for shard in leaf.addressable_shards:
+        out[shard.index] = np.asarray(shard.data)
+        covered[shard.index] = True
+    if not covered.all():
+        raise CheckpointError(
+            f"state leaf {path} is sharded across processes; this process holds only part of "
+            "it (the state must be replicated on every process)"
+        )
+    return out
+
+
+def _slicer(host: np.ndarray) -> Any:
+    return lambda index: host[index]
 
 
 def from_host(template: Any, arrays: dict[str, np.ndarray]) -> Any:
@@ -66,10 +94,17 @@ def from_host(template: Any, arrays: dict[str, np.ndarray]) -> Any:
             )
     leaves: list[Any] = [arrays[path] for path, _ in items]
     placed = [i for i, (_, t) in enumerate(items) if getattr(t, "sharding", None) is not None]
-    if placed:
+    local = [i for i in placed if items[i][1].sharding.is_fully_addressable]
+    if local:
         # One batched transfer: per-leaf device_put calls cost ~0.1 ms each in dispatch.
-        moved = jax.device_put([leaves[i] for i in placed], [items[i][1].sharding for i in placed])
-        for i, arr in zip(placed, moved, strict=True):
+        moved = jax.device_put([leaves[i] for i in local], [items[i][1].sharding for i in local])
+        for i, arr in zip(local, moved, strict=True):
             leaves[i] = arr
+    for i in placed:
+        # A sharding over several processes' devices: each places its own shards, every
+        # process holding the whole array (the state is replicated across processes).
+        sharding = items[i][1].sharding
+        if not sharding.is_fully_addressable:
+            leaves[i] = jax.make_array_from_callback(leaves[i].shape, sharding, _slicer(leaves[i]))
     treedef = jax.tree_util.tree_structure(template)
     return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -67,6 +67,8 @@ def read_manifest(root: Path, step: int) -> fmt.Manifest:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
+        if not path.parent.is_dir():  # another process's view of a shared root may lack it
+            raise CheckpointDamaged(step, f"{path.parent.name} is missing") from None
         raise CheckpointDamaged(step, f"{fmt.MANIFEST} missing (the save did not finish)") from None
     try:
         return fmt.parse_manifest(raw, dir_step=step)

@@ -205,23 +205,39 @@ def sbatch(
     print_script: Annotated[
         bool, typer.Option(help="Print the batch script instead of submitting it.")
     ] = False,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes to run, one per node, in one srun step [default: the -N count "
+            "for recover train, else 1]; 1 runs the command once in the batch step."
+        ),
+    ] = None,
 ) -> None:
     """Submit `-- COMMAND...` as a requeueable job: recover sbatch [sbatch options] -- recover
-    train ...; prints the job id."""
-    from slurm.sbatch import render_batch_script, submit_training, with_auto_resume
+    train ...; prints the job id. With -N K, recover train runs as K processes, one per node
+    (data parallel; see docs/multiprocess.md)."""
+    from slurm.sbatch import default_processes, requeue_warning, submit_training, training_job
 
     raw: list[str] = ctx.meta.get("recover.raw_args", [])
     command = raw[raw.index("--") + 1 :] if "--" in raw else []
     sbatch_args = ctx.args[: len(ctx.args) - len(command)]
+    count = default_processes(command, sbatch_args) if processes is None else processes
     if print_script:
-        typer.echo(render_batch_script(with_auto_resume(command), signal_lead_s=signal_lead))
+        job = training_job(
+            command, sbatch_args=sbatch_args, signal_lead_s=signal_lead, processes=count
+        )
+        typer.echo(job.script)
         return
+    warning = requeue_warning(sbatch_args)
+    if warning:
+        typer.echo(warning, err=True)
     job_id = submit_training(
         _control(slurm_conf, state_dir, slurm_backend),
         command,
         sbatch_args=sbatch_args,
         signal_lead_s=signal_lead,
         job_name=job_name,
+        processes=count,
     )
     typer.echo(job_id)
 

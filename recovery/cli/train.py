@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -28,7 +29,11 @@ def train(
     seed: Annotated[int, typer.Option(help="Seed of parameters, dropout and data.")] = 0,
     lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 1e-3,
     model: Annotated[
-        str, typer.Option(help="Model preset: mlp-tiny, mlp-small, mlp-medium, mlp-1g.")
+        str,
+        typer.Option(
+            help="Model preset: mlp-tiny, mlp-tiny-48 (batch divides by 3), mlp-small, "
+            "mlp-medium, mlp-1g."
+        ),
     ] = "mlp-tiny",
     keep_last: Annotated[int, typer.Option(help="Retention: newest checkpoints kept.")] = 3,
     keep_every: Annotated[
@@ -60,34 +65,54 @@ def train(
     Events go to RUN_DIR/events.jsonl. On SIGTERM or SIGUSR1 the current step finishes, a
     checkpoint is saved and the process exits with status 75 (resume it with --resume or
     --auto-resume). Exit status 0: completed; 2: bad options; 3: checkpoint problem.
+
+    Started as K processes by srun (one task per node; `recover sbatch -N K` does it) or with
+    RECOVER_NUM_PROCESSES/RECOVER_PROCESS_ID, and RECOVER_RENDEZVOUS=HOST:PORT of process 0,
+    the processes train data parallel, save and restore together and stop after the same
+    step; process r>0 logs to RUN_DIR/events.rank<r>.jsonl. When one dies the others stop
+    within moments with status 76; 11: the processes could not join.
     """
     if resume and auto_resume:
         raise UsageError("--resume and --auto-resume are exclusive; pass one")
     if cpu_devices is not None:
         _force_cpu_devices(cpu_devices)
 
+    from recovery.multiproc import topology_from_env
     from recovery.train.loop import ResumeMode, TrainOptions, run_training
-    from recovery.train.preempt import EXIT_PREEMPTED
+    from recovery.train.preempt import EXIT_PREEMPTED, PREEMPT_SIGNALS
+    from recovery.train.ranks import exit_now
 
     mode = ResumeMode.required if resume else ResumeMode.auto if auto_resume else ResumeMode.never
-    outcome = run_training(
-        TrainOptions(
-            run_dir=run_dir,
-            steps=steps,
-            save_every=save_every,
-            resume=mode,
-            seed=seed,
-            lr=lr,
-            model=model,
-            keep_last=keep_last,
-            keep_every=keep_every,
-            async_save=not sync_save,
-            step_sleep=step_sleep,
-            compile_cache=None
-            if no_compile_cache
-            else (compile_cache or run_dir / "compile-cache"),
+    multi = topology_from_env(os.environ).multi
+    if multi:
+        # Once the run is over, the first process to exit 75 makes srun's --kill-on-bad-exit
+        # TERM the others while they exit too: ignored, each keeps its own status (75), so
+        # the step's is 75 and the job requeues. While the run lasts its handlers take them.
+        for sig in PREEMPT_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+    try:
+        outcome = run_training(
+            TrainOptions(
+                run_dir=run_dir,
+                steps=steps,
+                save_every=save_every,
+                resume=mode,
+                seed=seed,
+                lr=lr,
+                model=model,
+                keep_last=keep_last,
+                keep_every=keep_every,
+                async_save=not sync_save,
+                step_sleep=step_sleep,
+                compile_cache=None
+                if no_compile_cache
+                else (compile_cache or run_dir / "compile-cache"),
+            )
         )
-    )
+    except BaseException as e:
+        if multi:
+            exit_now(e)  # Python's exit hooks would wait for the other processes
+        raise
     if outcome.preempted:
         raise typer.Exit(EXIT_PREEMPTED)
     typer.echo(f"completed step {outcome.step} state_digest {outcome.state_digest}")

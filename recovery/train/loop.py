@@ -2,11 +2,14 @@
 
 Run layout::
 
-    RUN_DIR/events.jsonl          one JSON event per line (see recovery.events)
+    RUN_DIR/events.jsonl          one JSON event per line (see recovery.events); with several
+                                  processes, process r>0 writes events.rank<r>.jsonl
     RUN_DIR/checkpoints/step_N/   verified checkpoints (see docs/checkpoint-format.md)
 
 A run killed at any instant and restarted with ``--resume`` continues from the newest
-checkpoint that verifies and ends with exactly the state an uninterrupted run reaches.
+checkpoint that verifies and ends with exactly the state an uninterrupted run reaches. The
+same holds for a job of K processes (data parallel, state replicated), against an
+uninterrupted K-process run: see :mod:`recovery.train.ranks`.
 """
 
 from __future__ import annotations
@@ -18,20 +21,18 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from recovery.checkpoint import CheckpointStore, Loaded, RetentionPolicy, RunLock
-from recovery.errors import (
-    CheckpointError,
-    CheckpointExistsError,
-    StepBehindError,
-    UsageError,
-)
-from recovery.events import EventLog, slurm_context
+from recovery.checkpoint import CheckpointStore, RetentionPolicy, RunLock
+from recovery.errors import UsageError
+from recovery.events import EventLog, events_file, slurm_context
+from recovery.multiproc import Topology, topology_from_env
+from recovery.train.options import ResumeMode, TrainOptions, TrainOutcome, validate
 from recovery.train.preempt import EXIT_PREEMPTED, Preemption
-from recovery.train.saving import Log, Saver, log_retention_errors
+from recovery.train.ranks import Ranks, StopVote, failing_together, finish, start
+from recovery.train.restore import Restored, restore_or_init
+from recovery.train.saving import Log, Saver
 from recovery.train.workload import registered, workload_dir
 
 if TYPE_CHECKING:
@@ -48,64 +49,8 @@ __all__ = [
 ]
 
 
-class ResumeMode(StrEnum):
-    """What to do with checkpoints already in the run directory."""
-
-    never = "never"
-    """Start fresh; refuse if checkpoints exist (so nothing is overwritten by mistake)."""
-    required = "required"
-    """Continue from the newest intact checkpoint; fail if there is none."""
-    auto = "auto"
-    """Continue if any checkpoint exists, else start fresh (what a requeued job wants)."""
-
-
 @dataclass(frozen=True)
-class TrainOptions:
-    """Options of one ``recover train`` invocation."""
-
-    run_dir: Path
-    """Holds events.jsonl and checkpoints/."""
-    steps: int
-    """Final step: the run stops after this many updates in total (not this many more)."""
-    save_every: int
-    """Checkpoint every this many steps (and always at the final step)."""
-    resume: ResumeMode = ResumeMode.never
-    seed: int = 0
-    lr: float = 1e-3
-    model: str = "mlp-tiny"
-    keep_last: int = 3
-    """Retention: newest checkpoints kept."""
-    keep_every: int | None = None
-    """Retention: also keep every step divisible by this."""
-    async_save: bool = True
-    """Write periodic checkpoints in the background (the final one is always waited for)."""
-    step_sleep: float = 0.0
-    """Seconds to pause after each step: stretches tiny runs for demos and fault tests."""
-    compile_cache: Path | None = None
-    """JAX persistent compilation cache; a restarted job skips recompiling. None: off."""
-
-
-@dataclass(frozen=True)
-class TrainOutcome:
-    step: int
-    """Step of the final state (== options.steps unless preempted)."""
-    state_digest: str
-    preempted: bool
-    updates: int
-    """Optimizer updates executed by this process."""
-
-
-def _validate(opts: TrainOptions) -> None:
-    if opts.steps < 1:
-        raise UsageError(f"--steps must be >= 1 (got {opts.steps})")
-    if opts.save_every < 1:
-        raise UsageError(f"--save-every must be >= 1 (got {opts.save_every})")
-    if opts.step_sleep < 0:
-        raise UsageError(f"--step-sleep must be >= 0 (got {opts.step_sleep})")
-
-
-@dataclass(frozen=True)
-class _Run:
+class Run:
     """What every phase of one training process shares, fixed once the run lock is held."""
 
     opts: TrainOptions
@@ -116,12 +61,9 @@ class _Run:
     store: CheckpointStore
     events: EventLog
     log: Log
-
-
-class _Restored(NamedTuple):
-    step: int
-    digest: str
-    """State digest of the checkpoint restored."""
+    preemption: Preemption
+    ranks: Ranks | None = None
+    """This process's group in a multi-process run; None for a single process."""
 
 
 def run_training(
@@ -134,36 +76,100 @@ def run_training(
 ) -> TrainOutcome:
     """Train to ``opts.steps``, resuming as ``opts.resume`` says. See the module docstring.
 
+    Under a launcher that starts several processes (``srun``; see
+    :func:`recovery.multiproc.topology_from_env`) every process calls this; they join,
+    train data parallel, save and restore together, and stop after the same step.
+
     Raises:
-        UsageError: bad options (unknown model, non-positive steps, ...).
+        UsageError: bad options (unknown model, non-positive steps, a batch that does not
+            divide over the processes, a multi-process launch without a rendezvous, ...).
         CheckpointExistsError: fresh start requested but checkpoints exist.
-        NoCheckpointError, AllCheckpointsDamagedError, ConfigMismatchError: on resume.
+        NoCheckpointError, AllCheckpointsDamagedError, ConfigMismatchError: on resume;
+            NoAgreedCheckpointError when several processes find no step all of them verify.
         StepBehindError: the newest checkpoint is past ``opts.steps``.
         RunLockedError: another process trains in the same run directory.
         BackgroundSaveError: a checkpoint could not be written.
+        GroupError, PeerLostError: the processes could not join, or one was lost (a lost
+            peer normally ends this process at once, with status 76, before anything raises).
     """
+    validate(opts)
+    topology = topology_from_env(environ)
+    preemption = Preemption()
+    signals: AbstractContextManager[Preemption] = (
+        preemption.installed() if handle_signals else nullcontext(preemption)
+    )
+    with signals:  # first: a signal during the (long) start-up still asks for a save
+        return _run(opts, topology, preemption, environ, clock, log)
+
+
+def _run(
+    opts: TrainOptions,
+    topology: Topology,
+    preemption: Preemption,
+    environ: Mapping[str, str],
+    clock: Callable[[], float],
+    log: Log,
+) -> TrainOutcome:
     from recovery.train import model as M
 
-    _validate(opts)
     _use_compile_cache(opts.compile_cache)
     spec = M.get_spec(opts.model)
     config = M.run_config(model=opts.model, seed=opts.seed, lr=opts.lr)
+    if spec.batch_size % topology.size:  # known before joining; devices are checked later
+        fits = sorted(n for n, s in M.MODELS.items() if s.batch_size % topology.size == 0)
+        raise UsageError(
+            f"model {opts.model}'s batch of {spec.batch_size} does not divide over "
+            f"{topology.size} processes; models whose batch does: {', '.join(fits) or 'none'}"
+        )
     ckpt_root = opts.run_dir / "checkpoints"
     store = CheckpointStore(
         ckpt_root,
         clock=clock,
         retention=RetentionPolicy(keep_last=opts.keep_last, keep_every=opts.keep_every),
     )
+    if topology.multi:
+        return _run_multi(opts, topology, spec, config, store, preemption, environ, clock, log)
     with RunLock(ckpt_root).held():
         leftovers = store.remove_leftovers()
-        events = EventLog(
-            opts.run_dir / "events.jsonl", context=slurm_context(environ), clock=clock
-        )
+        events = EventLog(events_file(opts.run_dir), context=slurm_context(environ), clock=clock)
         try:
-            run = _Run(opts, spec, M.make_mesh(), config, store, events, log)
-            return _run_locked(run, leftovers, handle_signals=handle_signals)
+            run = Run(opts, spec, M.make_mesh(), config, store, events, log, preemption)
+            return _run_locked(run, leftovers)
         finally:
             events.close()
+
+
+def _run_multi(
+    opts: TrainOptions,
+    topology: Topology,
+    spec: ModelSpec,
+    config: dict[str, Any],
+    store: CheckpointStore,
+    preemption: Preemption,
+    environ: Mapping[str, str],
+    clock: Callable[[], float],
+    log: Log,
+) -> TrainOutcome:
+    """One process of several: join, then as :func:`run_training` with process 0 holding the
+    run lock and clearing leftovers before anyone writes, then end together."""
+    from recovery.train import model as M
+
+    context = {**slurm_context(environ), "rank": topology.rank, "ranks": topology.size}
+    events = EventLog(events_file(opts.run_dir, topology.rank), context=context, clock=clock)
+    try:
+        ranks = start(topology, events, log, environ=dict(environ))
+        with failing_together(ranks):
+            lead = topology.rank == 0
+            with RunLock(store.root).held() if lead else nullcontext():
+                leftovers = store.remove_leftovers() if lead else []
+                ranks.group.barrier()  # nobody writes before the leftovers are gone
+                mesh = M.make_mesh(topology.size)
+                run = Run(opts, spec, mesh, config, store, events, log, preemption, ranks)
+                outcome = _run_locked(run, leftovers)
+                finish(ranks, EXIT_PREEMPTED if outcome.preempted else 0, log)
+                return outcome
+    finally:
+        events.close()
 
 
 def _use_compile_cache(directory: Path | None) -> None:
@@ -176,13 +182,14 @@ def _use_compile_cache(directory: Path | None) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def _run_locked(run: _Run, leftovers: list[str], *, handle_signals: bool) -> TrainOutcome:
+def _run_locked(run: Run, leftovers: list[str]) -> TrainOutcome:
     """Start, restore or initialise, then train; the run lock is held and events are open."""
     import jax
 
     from recovery.train import model as M
 
     opts = run.opts
+    M.batch_sharding(run.spec, run.mesh)  # a batch that does not divide: refuse before work
     run.events.emit(
         "started",
         step=None,
@@ -200,75 +207,19 @@ def _run_locked(run: _Run, leftovers: list[str], *, handle_signals: bool) -> Tra
         jax.eval_shape(init),
         M.state_shardings(run.spec, run.mesh),
     )
-    state, restored = _restore_or_init(run, template, init)
+    state, restored = restore_or_init(run, template, init)
     origin = f"resuming from step {restored.step}" if restored else "starting fresh"
+    where = "" if run.ranks is None else f" (process {run.ranks.rank} of {run.ranks.size})"
     run.log(
         f"recover: {opts.model} to step {opts.steps} on {jax.device_count()} "
-        f"{jax.default_backend()} device(s), {origin}"
+        f"{jax.default_backend()} device(s){where}, {origin}"
     )
     if restored is not None and restored.step == opts.steps:
         # Nothing left to do: report the saved final state, run no update.
         run.events.emit("completed", step=restored.step, state_digest=restored.digest, updates=0)
         return TrainOutcome(restored.step, restored.digest, preempted=False, updates=0)
     with registered(jax.default_backend(), workload_dir(os.environ)):
-        return _train(run, state, restored, handle_signals=handle_signals)
-
-
-def _restore_or_init(
-    run: _Run, template: Any, init: Callable[[], Any]
-) -> tuple[Any, _Restored | None]:
-    """The state to train from, and the checkpoint it came from (None for a fresh state)."""
-    from recovery.checkpoint import tree
-
-    opts, store = run.opts, run.store
-    existing = store.steps()
-    if opts.resume is ResumeMode.never and existing:
-        raise CheckpointExistsError(
-            f"{store.root} already holds checkpoints (newest step {existing[-1]}); "
-            "pass --resume to continue that run, or choose another --run-dir"
-        )
-    if opts.resume is ResumeMode.never or (opts.resume is ResumeMode.auto and not existing):
-        return init(), None
-    t0 = time.perf_counter()
-    result = store.restore_latest(run_config=run.config)
-    for bad_step, reason in result.fallbacks:
-        run.log(f"recover: checkpoint step {bad_step} failed verification ({reason}); falling back")
-        aside = store.set_aside(bad_step)
-        run.events.emit("fallback", step=bad_step, reason=reason, moved_to=aside.name)
-    loaded = result.loaded
-    position = _check_resumable(run, loaded)
-    state = tree.from_host(template, loaded.arrays)
-    # A run killed between a save and its retention left extra steps; trim them now that the
-    # restored step is known to be intact (it is the newest, so it is kept).
-    _, errors = store.apply_retention(newest_durable=loaded.step)
-    log_retention_errors(run.log, errors)
-    run.events.emit(
-        "restored",
-        step=loaded.step,
-        checkpoint_step=loaded.step,
-        data_position=position,
-        state_digest=loaded.state_digest,
-        bytes=loaded.manifest.total_bytes,
-        restore_s=round(time.perf_counter() - t0, 6),
-        fallbacks=len(result.fallbacks),
-    )
-    return state, _Restored(loaded.step, loaded.state_digest)
-
-
-def _check_resumable(run: _Run, loaded: Loaded) -> object:
-    """The data position ``loaded`` records; raises if this run cannot continue from it."""
-    if loaded.step > run.opts.steps:
-        raise StepBehindError(
-            f"--steps {run.opts.steps} is behind the newest intact checkpoint "
-            f"(step {loaded.step}) in {run.store.root}; pass --steps {loaded.step} or more"
-        )
-    position = loaded.manifest.metadata.get("data_position")
-    if position != loaded.step:
-        raise CheckpointError(
-            f"checkpoint step {loaded.step} records data position {position!r}; this "
-            "trainer consumes one batch per step, so the checkpoint is not one of its own"
-        )
-    return position
+        return _train(run, state, restored)
 
 
 class _Programs(NamedTuple):
@@ -278,30 +229,28 @@ class _Programs(NamedTuple):
     """``(state, batch) -> (state, loss)``: one optimizer update."""
     batch_fn: Callable[[Any], Any]
     """``data position -> batch``: deterministic in the seed and the position."""
+    position: Callable[[int], Any]
+    """A step number as the batch function's argument."""
 
 
-def _train(
-    run: _Run, state: Any, restored: _Restored | None, *, handle_signals: bool
-) -> TrainOutcome:
+def _train(run: Run, state: Any, restored: Restored | None) -> TrainOutcome:
     """Step from ``state`` to the final step or a preemption, then save and report."""
     step = int(state["step"])
     programs = _compile(run, state, step)
-    preemption = Preemption()
+    ranks = run.ranks
     saver = Saver(
         run.store,
         run_config=run.config,
         events=run.events,
         log=run.log,
         async_save=run.opts.async_save,
+        peers=None if ranks is None else ranks.saves(),
     )
-    signals: AbstractContextManager[Preemption] = (
-        preemption.installed() if handle_signals else nullcontext(preemption)
-    )
-    with saver.checkpointer, signals:
-        state, step, updates = _steps(run, state, step, programs, saver, preemption)
+    with saver.checkpointer:
+        state, step, updates, stopped_by = _steps(run, state, step, programs, saver)
         digest = saver.final(step, state, restored=restored)
-    if preemption.signal is not None and step < run.opts.steps:
-        name = signal.Signals(preemption.signal).name
+    if stopped_by is not None and step < run.opts.steps:
+        name = signal.Signals(stopped_by).name
         run.events.emit("preempted", step=step, checkpoint_step=step, signal=name, updates=updates)
         run.log(f"recover: {name} received; saved step {step}, exiting with {EXIT_PREEMPTED}")
         return TrainOutcome(step, digest, preempted=True, updates=updates)
@@ -309,42 +258,55 @@ def _train(
     return TrainOutcome(step, digest, preempted=False, updates=updates)
 
 
-def _compile(run: _Run, state: Any, step: int) -> _Programs:
+def _compile(run: Run, state: Any, step: int) -> _Programs:
     """The train step and batch functions, compiled and run once on ``state``."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     from recovery.train import model as M
 
     batch_fn = M.make_batch_fn(run.spec, run.mesh, run.opts.seed)
     step_fn = M.make_train_step(run.spec, run.mesh, run.opts.lr)
+    # Several processes: a host scalar every process passes alike (a single process keeps the
+    # device scalar it always used).
+    position: Callable[[int], Any] = jnp.int32 if run.ranks is None else np.int32
     # Warmup: compile both functions and run them once on the current state, discarding the
     # result (functional update: the state is unchanged), so step times are steady-state.
     t0 = time.perf_counter()
-    jax.block_until_ready(step_fn(state, batch_fn(jnp.int32(step))))
+    if run.ranks is not None:
+        # The first collective sets up gloo, whose key exchange waits only 30 s for the
+        # peers; compiling on a busy node can take longer. Compile first, then meet.
+        M.compile_ahead(run.spec, run.mesh, run.opts.seed, run.opts.lr, state, position(step))
+        run.ranks.group.barrier()
+    jax.block_until_ready(step_fn(state, batch_fn(position(step))))
     run.events.emit("warmup", step=step, warmup_s=round(time.perf_counter() - t0, 6))
-    return _Programs(step_fn, batch_fn)
+    return _Programs(step_fn, batch_fn, position)
 
 
 def _steps(
-    run: _Run,
-    state: Any,
-    step: int,
-    programs: _Programs,
-    saver: Saver,
-    preemption: Preemption,
-) -> tuple[Any, int, int]:
+    run: Run, state: Any, step: int, programs: _Programs, saver: Saver
+) -> tuple[Any, int, int, int | None]:
     """Update until the final step or a preemption signal, saving every ``save_every``
     steps (not the final one: that is :meth:`Saver.final`'s). Returns
-    ``(state, step, updates made)``."""
-    import jax.numpy as jnp
+    ``(state, step, updates made, the signal that stopped the run or None)``.
 
-    opts = run.opts
+    A single process stops at the first step boundary after its signal; several stop
+    together, one step later (:class:`~recovery.train.ranks.StopVote`).
+    """
+    opts, ranks = run.opts, run.ranks
+    stop: Callable[[int | None], int | None] = (lambda s: s) if ranks is None else StopVote(ranks)
     updates = 0
+    stopped_by = None
     progress_every = max(1, opts.steps // 10)  # about ten progress lines per run
-    while step < opts.steps and preemption.signal is None:
+    while step < opts.steps:
+        stopped_by = stop(run.preemption.signal)
+        if stopped_by is not None:
+            break
+        if ranks is not None:
+            ranks.step = step
         t = time.perf_counter()
-        state, loss = programs.step_fn(state, programs.batch_fn(jnp.int32(step)))
+        state, loss = programs.step_fn(state, programs.batch_fn(programs.position(step)))
         loss_value = float(loss)  # waits for the step to finish
         step += 1
         updates += 1
@@ -358,4 +320,4 @@ def _steps(
             saver.periodic(step, state)
         if opts.step_sleep:
             time.sleep(opts.step_sleep)
-    return state, step, updates
+    return state, step, updates, stopped_by

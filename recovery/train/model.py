@@ -3,8 +3,12 @@
 Everything that affects the trajectory is a pure function of the run configuration (seed,
 learning rate, model preset) and of the state, and the batch for data position ``p`` is a
 pure function of ``(seed, p)``; that is what makes a resumed run bit-identical to an
-uninterrupted one. The state is sharded over all devices of one mesh axis: batches along
-their leading dimension, weights along their output dimension where it divides evenly.
+uninterrupted one. The state is sharded over the devices of one process (mesh axis
+``data``): batches along their leading dimension, weights along their output dimension where
+it divides evenly. With several processes (data parallel, mesh axes ``proc`` x ``data``) the
+state is replicated on every process and each process computes its slice of the global
+batch; the global batch at a position does not depend on the process count, and the loss is
+its mean, so gradients are averaged over all processes.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ class ModelSpec:
 MODELS: dict[str, ModelSpec] = {
     # tests and the demo: compiles in well under a second
     "mlp-tiny": ModelSpec(in_dim=16, width=32, depth=2, classes=4, batch_size=32, dropout=0.1),
+    # mlp-tiny with a batch that divides over 2, 3 and 4 processes (and 6, 8, 12, ...)
+    "mlp-tiny-48": ModelSpec(in_dim=16, width=32, depth=2, classes=4, batch_size=48, dropout=0.1),
     "mlp-small": ModelSpec(in_dim=64, width=256, depth=3, classes=10, batch_size=64, dropout=0.1),
     # ~50 MB of state
     "mlp-medium": ModelSpec(
@@ -79,8 +85,18 @@ def run_config(*, model: str, seed: int, lr: float) -> dict[str, Any]:
     return {"model": model, **asdict(get_spec(model)), "seed": seed, "lr": lr, "optimizer": "adam"}
 
 
-def make_mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()), ("data",))
+def make_mesh(processes: int = 1) -> Mesh:
+    """One process: every device on axis ``data``. Several (after ``jax.distributed`` joined
+    them): axes ``proc`` (one row per process, in process order) x ``data`` (its devices)."""
+    if processes == 1:
+        return Mesh(np.array(jax.devices()), ("data",))
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    return Mesh(np.array(devices).reshape(processes, -1), ("proc", "data"))
+
+
+def _local_size(mesh: Mesh) -> int:
+    """Devices of one process: the state is sharded over these only."""
+    return int(mesh.shape["data"])
 
 
 def _layer_dims(spec: ModelSpec) -> list[tuple[int, int]]:
@@ -90,7 +106,7 @@ def _layer_dims(spec: ModelSpec) -> list[tuple[int, int]]:
 
 def state_shardings(spec: ModelSpec, mesh: Mesh) -> State:
     """Sharding of every state leaf (same tree structure as :func:`init_state`'s result)."""
-    n = mesh.devices.size
+    n = _local_size(mesh)
     rep = NamedSharding(mesh, P())
 
     def layer(d_in: int, d_out: int) -> dict[str, NamedSharding]:
@@ -110,12 +126,19 @@ def state_shardings(spec: ModelSpec, mesh: Mesh) -> State:
 
 
 def batch_sharding(spec: ModelSpec, mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
+    """Raises UsageError when the batch does not divide over every device of the job."""
     n = mesh.devices.size
     if spec.batch_size % n:
+        where = f"{n} devices"
+        if "proc" in mesh.axis_names:
+            where = f"{mesh.shape['proc']} processes x {_local_size(mesh)} device(s) each"
+        fits = sorted(name for name, s in MODELS.items() if s.batch_size % n == 0)
         raise UsageError(
-            f"batch size {spec.batch_size} of this model does not divide over {n} devices"
+            f"batch size {spec.batch_size} of this model does not divide over {where}; "
+            f"models whose batch does: {', '.join(fits) or 'none'}"
         )
-    return NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P("data"))
+    axis: str | tuple[str, ...] = ("proc", "data") if "proc" in mesh.axis_names else "data"
+    return NamedSharding(mesh, P(axis, None)), NamedSharding(mesh, P(axis))
 
 
 def _keys(seed: int) -> jax.Array:
@@ -216,3 +239,14 @@ def make_train_step(
         in_shardings=(shard, batch_sharding(spec, mesh)),
         out_shardings=(shard, rep),
     )
+
+
+def compile_ahead(
+    spec: ModelSpec, mesh: Mesh, seed: int, lr: float, state: State, position: Any
+) -> None:
+    """Compile the batch and train-step functions for ``state`` and a batch at ``position``
+    without running them: no collective runs, so no peer is waited for."""
+    batch_fn: Any = make_batch_fn(spec, mesh, seed)
+    step_fn: Any = make_train_step(spec, mesh, lr)
+    batch_fn.lower(position).compile()
+    step_fn.lower(state, jax.eval_shape(batch_fn, position)).compile()

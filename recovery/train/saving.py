@@ -1,5 +1,7 @@
 """Checkpoints from the training loop: hand a state to the background saver, at most one
-in flight, and record each save in the event log once it is durable."""
+in flight, and record each save in the event log once it is durable. With several processes
+every save is a collective (each writes its share; see :mod:`recovery.checkpoint.shared`),
+made in the same order everywhere, so every process records the same steps and digests."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from recovery.checkpoint import AsyncCheckpointer, CheckpointStore, SaveResult
+from recovery.checkpoint import AsyncCheckpointer, CheckpointStore, Peers, SaveResult
 from recovery.events import EventLog
 
 Log = Callable[[str], None]
@@ -31,14 +33,18 @@ class Saver:
         events: EventLog,
         log: Log,
         async_save: bool,
+        peers: Peers | None = None,
     ) -> None:
         self._run_config = run_config
+        # Several processes record their count (a single process keeps the manifests it
+        # always wrote): a restore with another count says so.
+        self._metadata: dict[str, Any] = {} if peers is None else {"processes": peers.size}
         self._events = events
         self._log = log
         self._async = async_save
         # step -> seconds the loop was blocked handing that save over (previous save + copy)
         self._blocked: dict[int, float] = {}
-        self.checkpointer = AsyncCheckpointer(store, on_saved=self._saved)
+        self.checkpointer = AsyncCheckpointer(store, on_saved=self._saved, peers=peers)
 
     def _saved(self, result: SaveResult) -> None:
         log_retention_errors(self._log, result.retention_errors)
@@ -61,7 +67,7 @@ class Saver:
         self.checkpointer.wait()  # at most one save in flight; raises if the previous failed
         host = tree.to_host(state)
         blocked = self._blocked[step] = time.perf_counter() - t
-        metadata = {"data_position": step}
+        metadata = {"data_position": step, **self._metadata}
         self.checkpointer.save(step, host, run_config=self._run_config, metadata=metadata)
         return blocked
 

@@ -4,6 +4,7 @@ stand-in training process and a recording ``scontrol`` (no Slurm needed)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -13,7 +14,13 @@ import pytest
 
 from recovery.errors import UsageError
 from recovery.train.preempt import EXIT_PREEMPTED as PREEMPTED_STATUS  # the trainer's status
-from slurm.sbatch import render_batch_script, training_job, with_auto_resume
+from slurm.sbatch import (
+    default_processes,
+    render_batch_script,
+    requeue_warning,
+    training_job,
+    with_auto_resume,
+)
 from tests.slurm.helpers import GOLDEN, TRAIN
 
 # Saves and exits 75 on USR1 or TERM, like `recover train`; otherwise runs STEPS x 0.1 s.
@@ -149,3 +156,141 @@ def test_a_normal_exit_keeps_its_status(tmp_path: Path, exit_status: int) -> Non
     status, log, calls = run_script(tmp_path, steps=2, send=None, exit_status=exit_status)
     assert log == ["started", "done"]
     assert (status, calls) == (exit_status, "")
+
+
+# --- several processes: one srun step --------------------------------------------------------
+
+GOLDEN_K3 = GOLDEN.with_name("train-k3.sbatch")
+
+# Stand-ins for Slurm's commands as the K-process script uses them.
+FAKE_SCONTROL = """\
+#!/bin/bash
+echo "$*" >> {calls}
+case "$1 $2" in
+  "show hostnames") printf 'node1\\nnode2\\nnode3\\nnode4\\n' ;;
+  "show node") echo "NodeName=$3 Arch=x86_64 CoresPerSocket=1"
+               echo "   NodeAddr=10.1.2.3 NodeHostName=host-$3 Version=22.05.8" ;;
+  "requeue "*) exit {requeue_status} ;;
+esac
+"""
+# srun: record the options and the rendezvous, then become the command (so signals reach it).
+FAKE_SRUN = """\
+#!/bin/bash
+echo "$* RENDEZVOUS=$RECOVER_RENDEZVOUS" >> {calls}
+while [ "${{1#--}}" != "$1" ]; do shift; done
+exec "$@"
+"""
+
+
+def test_k_process_script_matches_golden_file() -> None:
+    script = render_batch_script(with_auto_resume(TRAIN), signal_lead_s=60, processes=3)
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN_K3.write_text(script)
+    assert script == GOLDEN_K3.read_text()
+
+
+def run_k_script(
+    tmp_path: Path, *, send: signal.Signals | None, requeue_status: int = 0
+) -> tuple[int, list[str], list[str]]:
+    """Run the 3-process script with stand-ins for scontrol and srun; returns (exit status,
+    stand-in log lines, recorded calls)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
+        fake = bin_dir / name
+        fake.write_text(text.format(calls=calls, requeue_status=requeue_status))
+        fake.chmod(0o755)
+    stand_in = tmp_path / "train.sh"
+    stand_in.write_text(STAND_IN)
+    log = tmp_path / "train.log"
+    script = tmp_path / "job.sbatch"
+    script.write_text(
+        render_batch_script(["bash", str(stand_in), str(log), "300"], signal_lead_s=60, processes=3)
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "node[1-4]",
+    }
+    proc = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not (log.exists() and "started" in log.read_text()):
+            assert time.monotonic() < deadline, "stand-in never started"
+            time.sleep(0.02)
+        if send is not None:
+            proc.send_signal(send)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, log.read_text().split(), [*calls.read_text().splitlines(), err]
+
+
+def test_k_processes_run_as_one_srun_step_meeting_at_the_first_nodes_address(
+    tmp_path: Path,
+) -> None:
+    status, log, calls = run_k_script(tmp_path, send=signal.SIGUSR1)
+    assert log == ["started", "USR1"]
+    assert calls[0] == "show hostnames node[1-4]"
+    assert calls[1] == "show node node1"
+    srun, rendezvous = calls[2].split(" RENDEZVOUS=")
+    assert srun.startswith(
+        "--nodes=3 --ntasks=3 --ntasks-per-node=1 --nodelist=node1,node2,node3 "
+        "--kill-on-bad-exit=1 bash "
+    )
+    host, port = rendezvous.split(":")
+    assert host == "10.1.2.3"
+    assert 1 <= int(port) <= 65535
+    assert calls[3] == "requeue 42"
+    assert status == 0
+
+
+def test_a_job_that_cannot_be_requeued_says_how_to_resume(tmp_path: Path) -> None:
+    """Submitted with --no-requeue: scontrol refuses; the checkpoint is kept, the job ends
+    with the preempted status, and the output says what to do."""
+    status, log, calls = run_k_script(tmp_path, send=signal.SIGUSR1, requeue_status=1)
+    assert log == ["started", "USR1"]
+    assert status == PREEMPTED_STATUS
+    assert "cannot be requeued (--no-requeue?)" in calls[-1]
+    assert "submit the same command to resume" in calls[-1]
+
+
+def test_processes_default_to_one_per_requested_node_for_recover_train() -> None:
+    assert default_processes(TRAIN, ["-N", "3"]) == 3
+    assert default_processes(TRAIN, ["--nodes=2", "--time=5"]) == 2
+    assert default_processes(TRAIN, ["-N4", "--nodes", "2"]) == 2  # the last one wins
+    assert default_processes(TRAIN, []) == 1
+    assert default_processes(TRAIN, ["-N", "2-4"]) == 1
+    assert default_processes(["bash", "run.sh"], ["-N", "3"]) == 1
+
+
+def test_k_processes_ask_for_k_nodes_unless_told() -> None:
+    job = training_job(TRAIN, processes=3)
+    assert job.options["nodes"] == "3"
+    assert "--ntasks=3" in job.script
+    assert "nodes" not in training_job(TRAIN, sbatch_args=["-N", "4"], processes=3).options
+    assert "srun" not in training_job(TRAIN, sbatch_args=["-N", "4"]).script
+
+
+@pytest.mark.parametrize(
+    ("args", "processes", "message"),
+    [
+        (["-N", "2"], 3, "--processes 3 is more than the job's 2 node(s) (-N 2)"),
+        (["--nodes=2-4"], 2, "need a fixed node count"),
+        ([], 0, "expected 1 or more"),
+    ],
+)
+def test_bad_process_counts_are_refused(args: list[str], processes: int, message: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)):
+        training_job(TRAIN, sbatch_args=args, processes=processes)
+
+
+def test_no_requeue_is_warned_about() -> None:
+    assert requeue_warning(["--time=5"]) is None
+    warning = requeue_warning(["--no-requeue"])
+    assert warning is not None
+    assert "resumes from its newest checkpoint" in warning

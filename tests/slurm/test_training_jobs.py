@@ -4,8 +4,11 @@ node set DOWN under a real `recover train` job that still ends bit-for-bit as if
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ import pytest
 from slurm.cli_slurm import CliSlurm
 from slurm.sbatch import submit_training
 from tests.slurm.helpers import running, wait_for
+from tests.train import multi
 
 pytestmark = pytest.mark.slurm
 
@@ -120,3 +124,106 @@ def test_down_node_training_resumes_and_matches_an_undisturbed_run(
     (victim_done,) = [e for e in events if e["event"] == "completed"]
     assert victim_done["step"] == ref_done["step"] == 30
     assert victim_done["state_digest"] == ref_done["state_digest"]
+
+
+# --- several processes, one per node -----------------------------------------------------------
+
+
+def _submit_processes(
+    ctl: CliSlurm, job_dir: Path, name: str, k: int, args: list[str], *sbatch: str
+) -> tuple[str, Path]:
+    run = job_dir / name
+    job_id = submit_training(
+        ctl,
+        [RECOVER, "train", "--run-dir", str(run), *args],
+        sbatch_args=[
+            f"--nodes={k}",
+            f"--output={job_dir}/{name}-%j.out",
+            f"--chdir={job_dir}",
+            *sbatch,
+        ],
+        signal_lead_s=30,
+        processes=k,
+    )
+    return job_id, run
+
+
+def test_two_processes_usr1_all_save_one_step_requeue_and_resume_bit_exact(
+    slurm_ctl: CliSlurm, job_dir: Path
+) -> None:
+    """`recover sbatch -N 2`: two processes on two nodes under srun. USR1 to the batch shell
+    reaches both through srun; they save the same step, exit 75, the job requeues itself
+    and both resume from that step, ending as the uninterrupted 2-process run does."""
+    args = ["--steps", "12", "--save-every", "100", "--model", "mlp-tiny", "--step-sleep", "0.3"]
+    job_id, run = _submit_processes(slurm_ctl, job_dir, "k2", 2, args)
+    wait_for(lambda: len(multi.of(run, "step").get(1, [])) >= 2, 240, "two steps on process 1")
+    slurm_ctl.run(["scancel", "--batch", "--signal=USR1", job_id])
+    wait_for(lambda: slurm_ctl.job(job_id).state == "COMPLETED", 240, "job completed")
+    assert slurm_ctl.job(job_id).restart_count == 1
+
+    pre, restored = multi.of(run, "preempted"), multi.of(run, "restored")
+    assert [[e["step"] for e in pre[r]] for r in (0, 1)] == [[pre[0][0]["step"]]] * 2
+    assert {e["restart_count"] for r in (0, 1) for e in pre[r]} == {0}
+    assert [[e["checkpoint_step"] for e in restored[r]] for r in (0, 1)] == [
+        [pre[0][0]["step"]]
+    ] * 2  # nothing recomputed
+    started = multi.of(run, "started")
+    assert {started[0][0]["node"], started[1][0]["node"]} == {"node1", "node2"}
+    digest = multi.final_digest(run, 2)
+    multi.run(job_dir / "control", 2, 12, 100, "--model", "mlp-tiny")
+    assert digest == multi.final_digest(job_dir / "control", 2)
+    out = (job_dir / f"k2-{job_id}.out").read_text()
+    assert f"job {job_id} saved and stopped on USR1; requeueing" in out
+
+
+@pytest.mark.slow
+def test_a_process_killed_stops_the_others_and_a_requeue_resumes_bit_exact(
+    slurm_ctl: CliSlurm, job_dir: Path
+) -> None:
+    """SIGABRT of process 1 of 3 (a process on a lost GPU): processes 0 and 2 stop by
+    themselves (exit 76) and say so; srun ends the step with the dead process's status and
+    the job is FAILED (its requeue is the coordinator's: issue 14, section 4). Requeued by
+    hand, it resumes from an intact step and ends as the uninterrupted 3-process run."""
+    args = ["--steps", "20", "--save-every", "3", "--model", "mlp-tiny-48", "--step-sleep", "0.3"]
+    job_id, run = _submit_processes(slurm_ctl, job_dir, "k3", 3, args)
+    wait_for(lambda: bool(multi.of(run, "checkpoint").get(1)), 240, "a checkpoint")
+    (joined,) = multi.of(run, "joined")[1]
+    killed_at = time.time()
+    os.kill(int(joined["pid"]), signal.SIGABRT)
+    wait_for(lambda: slurm_ctl.job(job_id).finished, 60, "the job to end")
+    job = slurm_ctl.job(job_id)
+    assert job.state == "FAILED"
+    lost = multi.of(run, "peer-lost")
+    assert sorted(r for r, evs in lost.items() if evs) == [0, 2]
+    for r in (0, 2):
+        (e,) = lost[r]
+        assert (e["lost_rank"], e["exit_code"]) == (1, 76)
+        assert e["heard_unix"] >= killed_at
+
+    slurm_ctl.run(["scontrol", "requeue", job_id])
+    wait_for(
+        lambda: slurm_ctl.job(job_id).state == "COMPLETED", 300, "the requeued job to complete"
+    )
+    assert not any(multi.of(run, "fallback").values())
+    multi.run(job_dir / "control", 3, 20, 3, "--model", "mlp-tiny-48")
+    assert multi.final_digest(run, 3) == multi.final_digest(job_dir / "control", 3)
+
+
+@pytest.mark.slow
+def test_without_requeue_a_preempted_job_keeps_its_checkpoint_and_says_how_to_resume(
+    slurm_ctl: CliSlurm, job_dir: Path
+) -> None:
+    args = ["--steps", "12", "--save-every", "100", "--model", "mlp-tiny", "--step-sleep", "0.3"]
+    job_id, run = _submit_processes(slurm_ctl, job_dir, "noq", 2, args, "--no-requeue")
+    wait_for(lambda: len(multi.of(run, "step").get(0, [])) >= 2, 240, "two steps")
+    slurm_ctl.run(["scancel", "--batch", "--signal=USR1", job_id])
+    wait_for(lambda: slurm_ctl.job(job_id).finished, 120, "the job to end")
+    assert slurm_ctl.job(job_id).restart_count == 0
+    (pre,) = multi.of(run, "preempted")[0]
+    out = (job_dir / f"noq-{job_id}.out").read_text()
+    assert "cannot be requeued (--no-requeue?)" in out
+    assert "submit the same command to resume" in out
+    again, _ = _submit_processes(slurm_ctl, job_dir, "noq", 2, args)
+    wait_for(lambda: slurm_ctl.job(again).state == "COMPLETED", 240, "the resubmitted job")
+    (restored,) = multi.of(run, "restored")[0]
+    assert restored["checkpoint_step"] == pre["step"]

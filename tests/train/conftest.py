@@ -54,3 +54,23 @@ def completed_digest(run_dir: Path) -> str:
     done = [e for e in events(run_dir) if e["event"] == "completed"]
     assert done, f"no completed event in {run_dir}"
     return str(done[-1]["state_digest"])
+
+
+#: Steps of the shared 2-process control run.
+K2_STEPS = 12
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One compilation cache: restarts skip compiling, as in production."""
+    return tmp_path_factory.mktemp("compile-cache")
+
+
+@pytest.fixture(scope="session")
+def k2_control(tmp_path_factory: pytest.TempPathFactory, cache: Path) -> tuple[int, str]:
+    """``(steps, final digest)`` of an uninterrupted 2-process run of mlp-tiny."""
+    from tests.train.multi import final_digest, run
+
+    run_dir = tmp_path_factory.mktemp("k2-control") / "run"
+    run(run_dir, 2, K2_STEPS, 4, "--compile-cache", str(cache))
+    return K2_STEPS, final_digest(run_dir, 2)

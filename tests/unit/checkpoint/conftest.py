@@ -120,8 +120,10 @@ def split_into(monkeypatch: pytest.MonkeyPatch) -> SplitInto:
     real = files_mod.plan_files
 
     def apply(n: int) -> None:
-        def plan(sizes: Any, *, max_files: int, target: int = files_mod.FILE_TARGET) -> Any:
-            return real(sizes, max_files=n, target=1)
+        def plan(
+            sizes: Any, *, max_files: int, target: int = files_mod.FILE_TARGET, min_files: int = 1
+        ) -> Any:
+            return real(sizes, max_files=max(n, min_files), target=1, min_files=min_files)
 
         monkeypatch.setattr(files_mod, "plan_files", plan)
 
