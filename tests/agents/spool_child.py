@@ -9,8 +9,15 @@ printing ``acking <id>`` before and ``acked <id>`` after the call.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+
+def say(*words: object) -> None:
+    """One line to the parent in one write (print() under PYTHONUNBUFFERED writes each word
+    on its own, and a kill between them leaves a line cut short)."""
+    os.write(1, (" ".join(str(w) for w in words) + "\n").encode())
 
 
 def main(directory: str, first: int) -> None:
@@ -18,18 +25,18 @@ def main(directory: str, first: int) -> None:
     from tests.agents.helpers import make_event
 
     spool = Spool(Path(directory), max_events=1_000_000, max_bytes=1 << 40, log=lambda _: None)
-    print("ready", len(spool), flush=True)
+    say("ready", len(spool))
     n = first
     while True:
         event = make_event(n, size=200 + n % 300)
         if not spool.put(event):
             sys.exit(f"put refused {event.id}")
-        print("spooled", event.id, flush=True)
+        say("spooled", event.id)
         if n % 3 == 2:
             oldest = spool.pending(limit=1)[0].event.id
-            print("acking", oldest, flush=True)  # from here it may be gone after a kill
+            say("acking", oldest)  # from here it may be gone after a kill
             spool.ack(oldest)
-            print("acked", oldest, flush=True)
+            say("acked", oldest)
         n += 1
 
 

@@ -8,6 +8,7 @@ It opens the journal, prints ``ready``, then appends :func:`crash_event` ``START
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
@@ -19,11 +20,17 @@ from recovery.ports.clock import SystemClock
 from tests.service.helpers import crash_event
 
 
+def say(*words: object) -> None:
+    """One line to the parent in one write (print() under PYTHONUNBUFFERED writes each word
+    on its own, and a kill between them leaves a line cut short)."""
+    os.write(1, (" ".join(str(w) for w in words) + "\n").encode())
+
+
 def main(path: str, start: int, seed: int) -> None:
     rng = random.Random(seed)
     clock = SystemClock()
     journal = SqliteJournal(Path(path), clock)
-    print("ready", flush=True)
+    say("ready")
     i = start
     while True:
         batch = [crash_event(n) for n in range(i, i + rng.randint(1, 8))]
@@ -32,7 +39,7 @@ def main(path: str, start: int, seed: int) -> None:
             f"{n}:{'new' if f else 'dup'}"
             for n, f in zip(range(i, i + len(batch)), new, strict=True)
         ]
-        print("acked", *words, flush=True)
+        say("acked", *words)
         i += len(batch)
 
 

@@ -9,6 +9,7 @@ The parent imports :func:`content` (via runpy) to know what every step must cont
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -35,13 +36,15 @@ def main(root: str) -> None:
     RunLock(root).acquire()  # released by the kernel when we are killed
     store.remove_leftovers()
     step = store.restore_latest(run_config=RUN_CONFIG).loaded.step
-    print("ready", step, flush=True)
+    # One write per report: under PYTHONUNBUFFERED print() writes each piece on its own, and a
+    # kill between them left the parent a line without its number.
+    os.write(1, f"ready {step}\n".encode())
     while True:
         step += 1
         result = store.save(step, content(step), run_config=RUN_CONFIG, metadata={"step": step})
         if result.retention_errors:  # never expected here: make the parent test fail
             sys.exit(f"retention failed after step {step}: {result.retention_errors}")
-        print("saved", step, flush=True)
+        os.write(1, f"saved {step}\n".encode())
 
 
 if __name__ == "__main__":
