@@ -17,6 +17,14 @@ from slurm.cluster import REQUIRED_PROGRAMS, ClusterInfo
 from tests.slurm.helpers import GOLDEN, TRAIN
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_slurm_conf(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `recover cluster status` shows the cluster $SLURM_CONF names when one is set, and a
+    # pyslurm test earlier in this worker process sets it for good (libslurm reads it once):
+    # the lifecycle test then read another test's 3-node cluster.
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+
+
 def test_sbatch_print_script_splits_sbatch_options_from_the_command(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
