@@ -66,6 +66,7 @@ def _crash_rank1_and_down_its_node(ctl: CliSlurm, run: Path) -> str:
     return victim
 
 
+@pytest.mark.slow  # about 100 s: three JAX launches (first step, relaunch, control)
 def test_a_lost_node_is_replaced_by_the_jobs_spare_without_a_requeue(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -99,6 +100,7 @@ def test_a_lost_node_is_replaced_by_the_jobs_spare_without_a_requeue(
     assert multi.final_digest(run, 2) == _control_digest(job_dir)
 
 
+@pytest.mark.slow
 def test_a_supervisor_killed_mid_relaunch_requeues_the_job_and_nothing_is_lost(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
