@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from recovery.errors import RecoverError
 from recovery.inalloc.decide import (
     DEFAULT_MAX_RELAUNCHES,
     Decision,
@@ -40,7 +41,7 @@ from recovery.inalloc.decide import (
 )
 
 #: Seconds the supervisor waits, after a failed step, for Slurm to name a lost node.
-DEFAULT_GRACE_S = 5.0
+DEFAULT_GRACE_S = 10.0
 #: How often Slurm is asked while waiting (seconds).
 POLL_S = 0.25
 
@@ -143,9 +144,7 @@ class Supervisor:
                 self._decided(decision)
                 return decision
             if decision.release:
-                keep = [n for n in self.slurm.job_nodes() if n not in decision.release]
-                self.slurm.release(keep)
-                self.journal("released", nodes=list(decision.release), keep=keep)
+                self._release(decision.release)
             relaunches += 1
             layout = next_layout(layout, decision)
             self.journal(
@@ -155,6 +154,18 @@ class Supervisor:
                 step_nodes=list(layout.step),
                 spares=list(layout.spares),
             )
+
+    def _release(self, nodes: Sequence[str]) -> None:
+        """Give ``nodes`` back to Slurm. Slurm refuses to shrink a job while a DOWN node is
+        still in it (it drops that one itself a moment later): a refusal is journaled and the
+        relaunch goes on, since the step's node list leaves the lost nodes out anyway."""
+        keep = [n for n in self.slurm.job_nodes() if n not in nodes]
+        try:
+            self.slurm.release(keep)
+        except RecoverError as e:
+            self.journal("release-refused", nodes=list(nodes), error=str(e))
+            return
+        self.journal("released", nodes=list(nodes), keep=keep)
 
     def _run_step(self, layout: Layout, attempt: int) -> int:
         step = self.slurm.launch(layout.step, self.command)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from recovery.errors import SlurmRefusedError
 from recovery.inalloc.decide import Finish, Relaunch, Requeue, after_step, first_layout
 from recovery.inalloc.supervisor import Journal, Supervisor, decision_line
 
@@ -38,6 +39,7 @@ class FakeJob:
     states: dict[str, str] = field(default_factory=dict)
     launches: list[list[str]] = field(default_factory=list)
     released: list[list[str]] = field(default_factory=list)
+    refuse_release: bool = False
 
     def job_nodes(self) -> list[str]:
         return list(self.nodes)
@@ -46,6 +48,8 @@ class FakeJob:
         return [n for n in nodes if self.states.get(n) in ("DOWN", "DRAIN")]
 
     def release(self, keep: Sequence[str]) -> None:
+        if self.refuse_release:  # as Slurm does while a DOWN node is still in the job
+            raise SlurmRefusedError("scontrol update JobId=1: refused: Unexpected message")
         self.released.append(list(keep))
         self.nodes = [n for n in self.nodes if n in keep]
 
@@ -176,3 +180,13 @@ def test_relaunch_keeps_survivors_first() -> None:
     layout = first_layout(["n1", "n2", "n3", "n4"], "n1", 2)
     decision = after_step(layout, 134, lost=["n2"], dropped=["n2"], relaunches=0, max_relaunches=3)
     assert decision == Relaunch(nodes=("n3", "n4"), lost=("n2",), release=(), spares_left=("n1",))
+
+
+def test_a_refused_release_is_journaled_and_the_relaunch_goes_on(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3"], [134, 0], faults={0: {"n3": "DRAIN"}}, refuse_release=True)
+    decision, journal = _run(job, tmp_path)
+    assert decision == Finish(0, "the training step completed")
+    assert job.launches == [["n2", "n3"], ["n2", "n1"]]
+    (refused,) = [e for e in journal.events if e["event"] == "release-refused"]
+    assert refused["nodes"] == ["n3"]
+    assert "Unexpected message" in refused["error"]
