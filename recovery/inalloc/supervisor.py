@@ -41,7 +41,7 @@ from recovery.inalloc.decide import (
 )
 
 #: Seconds the supervisor waits, after a failed step, for Slurm to name a lost node.
-DEFAULT_GRACE_S = 10.0
+DEFAULT_GRACE_S = 30.0
 #: How often Slurm is asked while waiting (seconds).
 POLL_S = 0.25
 
