@@ -20,6 +20,10 @@ USR1/TERM it gets from the script to every process; they stop after the same ste
 saves its share and exits 75, so srun exits 75 too. ``--kill-on-bad-exit`` is the backstop
 when a process dies: the others normally stop on their own within moments (exit 76), and
 the step ends with the dead process's status (134 for SIGABRT).
+
+With ``spares`` = S > 0 the job asks K+S nodes with ``--no-kill`` and the script runs
+``recover supervise-job`` instead of srun: it launches the step on K nodes and relaunches it on
+a spare of the job when a node is lost (docs/in-allocation.md).
 """
 
 from __future__ import annotations
@@ -371,8 +375,7 @@ def with_spares(
     count (``-N K``, the processes) is replaced by K+S, and ``--no-kill`` keeps the job alive
     when Slurm takes one of its nodes away. Returns (sbatch_args, options to add).
 
-    Raises UsageError for negative spares or a job of one process on one node with spares
-    (the step runs under srun; give ``-N K`` for K processes)."""
+    Raises UsageError for negative spares."""
     if spares < 0:
         raise UsageError(f"Invalid --spares {spares}: expected 0 or more")
     return _without_node_count(sbatch_args), {"nodes": str(processes + spares), "no-kill": None}
