@@ -190,3 +190,15 @@ def test_a_refused_release_is_journaled_and_the_relaunch_goes_on(tmp_path: Path)
     (refused,) = [e for e in journal.events if e["event"] == "release-refused"]
     assert refused["nodes"] == ["n3"]
     assert "Unexpected message" in refused["error"]
+
+
+def test_a_second_fault_during_the_relaunch_takes_the_next_spare(tmp_path: Path) -> None:
+    job = FakeJob(
+        ["n1", "n2", "n3", "n4", "n5"],
+        [134, 134, 0],
+        faults={0: {"n2": "DOWN"}, 1: {"n4": "DOWN"}},
+    )
+    decision, journal = _run(job, tmp_path)
+    assert decision == Finish(0, "the training step completed")
+    assert job.launches == [["n2", "n3"], ["n3", "n4"], ["n3", "n5"]]
+    assert [e["attempt"] for e in journal.events if e["event"] == "relaunch"] == [1, 2]
