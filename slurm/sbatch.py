@@ -20,6 +20,10 @@ USR1/TERM it gets from the script to every process; they stop after the same ste
 saves its share and exits 75, so srun exits 75 too. ``--kill-on-bad-exit`` is the backstop
 when a process dies: the others normally stop on their own within moments (exit 76), and
 the step ends with the dead process's status (134 for SIGABRT).
+
+With ``spares`` = S > 0 the job asks K+S nodes with ``--no-kill`` and the script runs
+``recover supervise-job`` instead of srun: it launches the step on K nodes and relaunches it on
+a spare of the job when a node is lost (docs/in-allocation.md).
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ while :; do
     if [ "$rc" -eq 127 ] && [ "$status" -ne 127 ]; then break; fi
     status=$rc
     if [ "$trapped" -eq 0 ]; then break; fi
-done
+done{decide}
 
 if [ "$warned" -eq 1 ] && [ "$status" -eq {preempted} ]; then
     echo "recover-sbatch: job ${{SLURM_JOB_ID:-?}} saved and stopped on USR1; requeueing" >&2
@@ -96,6 +100,28 @@ export RECOVER_RENDEZVOUS="$addr:$port"
 srun --nodes={processes} --ntasks={processes} --ntasks-per-node=1 --nodelist="$nodes" \\
     --kill-on-bad-exit=1 {command} &"""
 
+# Spares in the job (--spares S): the job holds K+S nodes with --no-kill and our supervisor
+# runs the training step on K of them, relaunching it on a spare when Slurm drops or drains a
+# node (docs/in-allocation.md). It writes its decision to a file: `exit N`, or `requeue` when
+# no spare or relaunch is left. No decision (the supervisor itself was killed) requeues too:
+# the checkpoints are on shared storage, so nothing is lost.
+_SUPERVISED = """
+# {processes} processes on {processes} of the job's nodes, the rest spares (docs/in-allocation.md).
+decided=$(mktemp)
+{supervisor} supervise-job --processes {processes} --decision-file "$decided" -- {command} &"""
+
+_SUPERVISED_DECIDE = """
+decision=$(cat "$decided" 2>/dev/null || true)
+rm -f "$decided"
+case "$decision" in
+    "exit "*) status=${{decision#exit }} ;;
+    *)
+        why=${{decision:-the supervisor ended with status $status and no decision}}
+        echo "recover-sbatch: job ${{SLURM_JOB_ID:-?}}: $why; requeueing" >&2
+        if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi
+        ;;
+esac"""
+
 #: The interpreter the batch script uses to find a free port on the first node.
 PORT_PYTHON = "python3"
 
@@ -120,25 +146,54 @@ def with_auto_resume(command: Sequence[str]) -> list[str]:
     return cmd
 
 
-def render_batch_script(command: Sequence[str], *, signal_lead_s: int, processes: int = 1) -> str:
+def supervisor_command(command: Sequence[str]) -> list[str]:
+    """How the batch script starts ``recover supervise-job``: the same ``recover`` (or
+    ``python -m recovery``) the training command names.
+
+    Raises UsageError when ``command`` is not ``recover train``: spares need our trainer's
+    ``--auto-resume`` to continue on the relaunched step."""
+    cmd = list(command)
+    if not is_recover_train(cmd):
+        raise UsageError(
+            "--spares needs a `recover train` command (it relaunches it with --auto-resume); "
+            f"got {shlex.join(cmd[:2]) or 'nothing'}"
+        )
+    return cmd[:1] if Path(cmd[0]).name == "recover" else cmd[:3]
+
+
+def render_batch_script(
+    command: Sequence[str], *, signal_lead_s: int, processes: int = 1, spares: int = 0
+) -> str:
     """The batch script that runs ``command`` under the USR1/TERM forwarding contract, as one
     process in the batch step or, for ``processes`` > 1, as that many processes (one per
-    node) in one ``srun`` step with ``RECOVER_RENDEZVOUS`` set.
+    node) in one ``srun`` step with ``RECOVER_RENDEZVOUS`` set. With ``spares`` > 0 the
+    step is run by ``recover supervise-job``, which relaunches it on a spare node of the job.
 
     Pure; ``command`` is quoted for bash, so any argument is passed verbatim. Raises
-    UsageError for an empty command or a process count below 1.
+    UsageError for an empty command, a process count below 1 or negative spares.
     """
     if not command:
         raise UsageError("No command to run: give it after '--', e.g. -- recover train ...")
     if processes < 1:
         raise UsageError(f"Invalid process count {processes}: expected 1 or more")
+    if spares < 0:
+        raise UsageError(f"Invalid --spares {spares}: expected 0 or more")
     quoted = shlex.join(command)
-    launch = (
-        _ONE_PROCESS.format(command=quoted)
-        if processes == 1
-        else _PROCESSES.format(command=quoted, processes=processes, python=PORT_PYTHON)
+    decide = ""
+    if spares:
+        launch = _SUPERVISED.format(
+            command=quoted,
+            processes=processes,
+            supervisor=shlex.join(supervisor_command(command)),
+        )
+        decide = _SUPERVISED_DECIDE.format()
+    elif processes == 1:
+        launch = _ONE_PROCESS.format(command=quoted)
+    else:
+        launch = _PROCESSES.format(command=quoted, processes=processes, python=PORT_PYTHON)
+    return _SCRIPT.format(
+        launch=launch, decide=decide, preempted=PREEMPTED_STATUS, lead=signal_lead_s
     )
-    return _SCRIPT.format(launch=launch, preempted=PREEMPTED_STATUS, lead=signal_lead_s)
 
 
 def requested_nodes(sbatch_args: Sequence[str]) -> str | None:
@@ -214,6 +269,7 @@ def training_job(
     workdir: str | None = None,
     expedite: bool = False,
     processes: int = 1,
+    spares: int = 0,
 ) -> BatchJob:
     """Build the requeueable batch job for a training command.
 
@@ -222,6 +278,8 @@ def training_job(
     ``expedite`` asks for ``--requeue=expedite`` (see :func:`expedite_allowed`).
     ``processes`` > 1 runs the command as that many processes, one per node, in one
     ``srun`` step (``--nodes`` is added when ``sbatch_args`` do not ask for a count).
+    ``spares`` > 0 asks for that many more nodes than processes, with ``--no-kill``, and runs
+    the step under ``recover supervise-job`` (:func:`with_spares`).
     Raises UsageError for an out-of-range lead, an empty command, or more processes than
     nodes.
     """
@@ -234,12 +292,17 @@ def training_job(
         "signal": f"B:USR1@{signal_lead_s}",
         **_node_options(sbatch_args, processes),
     }
+    if spares:
+        sbatch_args, extra = with_spares(sbatch_args, processes, spares)
+        options.update(extra)
     if job_name is not None:
         options["job-name"] = job_name
     elif is_recover_train(cmd):
         options["job-name"] = "recover-train"
     return BatchJob(
-        script=render_batch_script(cmd, signal_lead_s=signal_lead_s, processes=processes),
+        script=render_batch_script(
+            cmd, signal_lead_s=signal_lead_s, processes=processes, spares=spares
+        ),
         options=options,
         extra_args=tuple(sbatch_args),
         workdir=workdir or os.getcwd(),
@@ -265,14 +328,20 @@ def submit_training(
     job_name: str | None = None,
     expedite: bool | None = None,
     processes: int = 1,
+    spares: int = 0,
 ) -> str:
     """Submit ``command`` as a requeueable training job of ``processes`` processes (one per
     node); return the job id. ``expedite`` (None: where :func:`expedite_allowed`) asks for
     ``--requeue=expedite``.
 
+    With ``spares`` the cluster must have ``processes`` + ``spares`` nodes in service
+    (:func:`check_spares_fit`).
+
     Raises UsageError for bad input, SlurmRefusedError when sbatch refuses (e.g. an unknown
     sbatch option) and SlurmUnavailableError when slurmctld cannot be reached.
     """
+    if spares:
+        check_spares_fit(control, processes, spares)
     if expedite is None:
         expedite = expedite_allowed(control)
     job = training_job(
@@ -282,5 +351,51 @@ def submit_training(
         job_name=job_name,
         expedite=expedite,
         processes=processes,
+        spares=spares,
     )
     return control.submit(job)
+
+
+def _without_node_count(sbatch_args: Sequence[str]) -> list[str]:
+    args, skip = [], False
+    for i, arg in enumerate(sbatch_args):
+        if skip:
+            skip = False
+        elif arg in ("-N", "--nodes") and i + 1 < len(sbatch_args):
+            skip = True
+        elif not (arg.startswith("--nodes=") or (arg.startswith("-N") and len(arg) > 2)):
+            args.append(arg)
+    return args
+
+
+def with_spares(
+    sbatch_args: Sequence[str], processes: int, spares: int
+) -> tuple[list[str], dict[str, str | None]]:
+    """The sbatch options of a job that carries ``spares`` nodes of its own: the user's node
+    count (``-N K``, the processes) is replaced by K+S, and ``--no-kill`` keeps the job alive
+    when Slurm takes one of its nodes away. Returns (sbatch_args, options to add).
+
+    Raises UsageError for negative spares."""
+    if spares < 0:
+        raise UsageError(f"Invalid --spares {spares}: expected 0 or more")
+    return _without_node_count(sbatch_args), {"nodes": str(processes + spares), "no-kill": None}
+
+
+def check_spares_fit(control: SlurmControl, processes: int, spares: int) -> None:
+    """Refuse a job that asks for more nodes than the cluster has in service (not DOWN, not
+    DRAIN: pool spares are drained), naming how many spares would fit.
+
+    Raises UsageError."""
+    usable = [n.name for n in control.nodes() if not (n.down or n.drained)]
+    if processes + spares <= len(usable):
+        return
+    fits = len(usable) - processes
+    hint = (
+        f"at most --spares {fits}"
+        if fits >= 0
+        else f"not even the {processes} processes fit: ask -N {len(usable)} or fewer"
+    )
+    raise UsageError(
+        f"-N {processes} --spares {spares} asks {processes + spares} nodes and the cluster has "
+        f"{len(usable)} in service ({', '.join(usable) or 'none'}): {hint}"
+    )

@@ -17,6 +17,7 @@ from recovery.cli import checkpoint as _checkpoint
 from recovery.cli import cluster as _cluster
 from recovery.cli import coordinator as _coordinator
 from recovery.cli import inject as _inject
+from recovery.cli import jobstep as _jobstep
 from recovery.cli import ops as _ops
 from recovery.cli import report as _report
 from recovery.cli import scenario as _scenario
@@ -42,6 +43,7 @@ _ops.register(app)
 _inject.register(app)
 _report.register(app)
 _scenario.register(app)
+_jobstep.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

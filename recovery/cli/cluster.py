@@ -212,10 +212,19 @@ def sbatch(
             "for recover train, else 1]; 1 runs the command once in the batch step."
         ),
     ] = None,
+    spares: Annotated[
+        int,
+        typer.Option(
+            help="Spare nodes the job holds for itself: -N K --spares S asks K+S nodes with "
+            "--no-kill and relaunches training on a spare when a node is lost, without a "
+            "requeue (docs/in-allocation.md); 0 is the plain requeue path."
+        ),
+    ] = 0,
 ) -> None:
     """Submit `-- COMMAND...` as a requeueable job: recover sbatch [sbatch options] -- recover
     train ...; prints the job id. With -N K, recover train runs as K processes, one per node
-    (data parallel; see docs/multiprocess.md)."""
+    (data parallel; see docs/multiprocess.md); --spares S keeps S more nodes in the job to
+    recover on (docs/in-allocation.md)."""
     from slurm.sbatch import default_processes, requeue_warning, submit_training, training_job
 
     raw: list[str] = ctx.meta.get("recover.raw_args", [])
@@ -224,7 +233,11 @@ def sbatch(
     count = default_processes(command, sbatch_args) if processes is None else processes
     if print_script:
         job = training_job(
-            command, sbatch_args=sbatch_args, signal_lead_s=signal_lead, processes=count
+            command,
+            sbatch_args=sbatch_args,
+            signal_lead_s=signal_lead,
+            processes=count,
+            spares=spares,
         )
         typer.echo(job.script)
         return
@@ -238,6 +251,7 @@ def sbatch(
         signal_lead_s=signal_lead,
         job_name=job_name,
         processes=count,
+        spares=spares,
     )
     typer.echo(job_id)
 

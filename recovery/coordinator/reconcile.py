@@ -95,7 +95,10 @@ def follow_jobs(
     """Phases the incident's jobs reached, from one ``squeue`` snapshot (jobs by id).
 
     ``jobs-requeued`` once a job is pending again or its restart count rose; ``job-running``
-    once every job that is still known runs again after a restart. Jobs Slurm forgot or that
+    once every job that is still known runs again after a restart; ``in-allocation`` for a job
+    that runs on without the node and was never requeued (a ``--no-kill`` job with spares of
+    its own: Slurm dropped the node and the job recovers inside its allocation), which
+    counts as resolved. Jobs Slurm forgot or that
     finished count as resolved, except those in ``awaiting``: ended jobs whose requeue the
     coordinator noted and Slurm has not confirmed yet (:meth:`JobWatch.awaiting`).
     """
@@ -104,6 +107,7 @@ def follow_jobs(
     phases: list[tuple[PhaseName, str]] = []
     requeued: list[str] = []
     running: list[str] = []
+    in_allocation: list[str] = []
     unresolved = 0
     for job_id in incident.jobs:
         job = by_id.get(job_id)
@@ -114,10 +118,14 @@ def follow_jobs(
             requeued.append(job_id)
         if restarted and job.state == "RUNNING":
             running.append(f"{job_id}@{','.join(job.nodes)}")
+        elif job.state == "RUNNING" and not job.uses(incident.node):
+            in_allocation.append(f"{job_id}@{','.join(job.nodes)}")
         else:
             unresolved += 1
     if requeued and PhaseName.jobs_requeued not in have:
         phases.append((PhaseName.jobs_requeued, " ".join(requeued)))
+    if in_allocation and PhaseName.in_allocation not in have:
+        phases.append((PhaseName.in_allocation, " ".join(in_allocation)))
     if running and not unresolved and PhaseName.job_running not in have:
         phases.append((PhaseName.job_running, " ".join(running)))
     return JobProgress(tuple(phases), resolved=unresolved == 0)

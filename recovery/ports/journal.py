@@ -110,6 +110,11 @@ class PhaseName(StrEnum):
     """The spare is in service (detail: exactly its name)."""
     job_running = "job-running"
     """Every job of the incident runs again after a restart (detail: ``id@nodes``)."""
+    in_allocation = "in-allocation"
+    """A job of the incident kept running without the node, never requeued: it holds spares
+    of its own (``recover sbatch --spares``, ``--no-kill``), Slurm dropped the node from it and
+    its supervisor relaunches training on a spare inside the allocation (detail:
+    ``id@nodes`` it holds now)."""
     returned_to_pool = "returned-to-pool"
     """A repaired node went back into the spare pool (detail starts with its name)."""
     closed = "closed"

@@ -1,0 +1,72 @@
+"""``recover supervise-job``: the job supervisor run by the batch script of
+``recover sbatch --spares S`` (docs/in-allocation.md)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from recovery.errors import UsageError
+from recovery.inalloc.decide import DEFAULT_MAX_RELAUNCHES
+from recovery.inalloc.supervisor import (
+    DEFAULT_GRACE_S,
+    Journal,
+    Supervisor,
+    decision_line,
+    install_forwarding,
+)
+
+
+def supervise_job(
+    command: Annotated[list[str], typer.Argument(help="The training command, after '--'.")],
+    processes: Annotated[int, typer.Option(help="Training processes, one per node.")],
+    decision_file: Annotated[
+        Path, typer.Option(help="Where to write the final decision for the batch script.")
+    ],
+    journal: Annotated[
+        Path | None,
+        typer.Option(help="JSON-lines journal [default: supervisor-<job id>.jsonl here]."),
+    ] = None,
+    max_relaunches: Annotated[
+        int, typer.Option(help="Relaunches on a spare before the job requeues instead.")
+    ] = DEFAULT_MAX_RELAUNCHES,
+    grace: Annotated[
+        float,
+        typer.Option(help="Seconds to wait, after a failed step, for Slurm to name a lost node."),
+    ] = DEFAULT_GRACE_S,
+) -> None:
+    """Run inside a --no-kill job: launch COMMAND on --processes of the job's nodes with
+    srun, and when a node is lost relaunch it on one of the job's spare nodes (the batch
+    host last); with no spare or relaunch left, write 'requeue' for the batch script. Exit
+    status: the step's."""
+    from slurm.jobstep import JobSteps
+
+    if max_relaunches < 0:
+        raise UsageError(f"Invalid --max-relaunches {max_relaunches}: expected 0 or more")
+    if not command:
+        raise UsageError("No command to run: give it after '--'")
+    steps = JobSteps.from_env()
+    path = journal or Path(f"supervisor-{steps.job_id}.jsonl")
+    supervisor = Supervisor(
+        slurm=steps,
+        command=command,
+        processes=processes,
+        batch_host=os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+        journal=Journal(path),
+        max_relaunches=max_relaunches,
+        grace_s=grace,
+    )
+    install_forwarding(supervisor)
+    decision = supervisor.run()
+    line = decision_line(decision)
+    decision_file.write_text(line + "\n")
+    raise typer.Exit(int(line.split()[1]) if line.startswith("exit") else 0)
+
+
+def register(root: typer.Typer) -> None:
+    """Attach ``recover supervise-job``."""
+    root.command("supervise-job")(supervise_job)

@@ -1,0 +1,217 @@
+"""The job supervisor: runs in the batch step of a ``--no-kill`` job that holds K training
+nodes and S spares, launches the training step, and on a lost node relaunches it on a spare
+inside the same allocation instead of requeueing the job.
+
+How it learns of a bad node: through slurmctld. When the coordinator (or an operator) sets
+a node DOWN, Slurm drops it from the ``--no-kill`` job and ends the step's tasks there; the
+other processes stop within moments (exit 76) and the step ends. A DRAIN node stays in the
+job, so the supervisor gives it back (``release``). So the job needs no coordinator address
+and a coordinator restart loses nothing. A step that ends while no node is reported lost
+within ``grace_s`` is the training code's failure: the job ends with its status.
+
+Every step, loss and decision is appended to a JSON-lines journal (one object a line,
+``event`` and ``unix`` always set); the final decision is also written to a small file the
+batch script reads (``exit N`` or ``requeue``), so a supervisor that dies without writing it
+(killed mid-relaunch) makes the script requeue the job: nothing is lost, the checkpoints are
+on shared storage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from recovery.errors import RecoverError
+from recovery.inalloc.decide import (
+    DEFAULT_MAX_RELAUNCHES,
+    Decision,
+    Finish,
+    Layout,
+    Relaunch,
+    Requeue,
+    after_step,
+    first_layout,
+    next_layout,
+)
+
+#: Seconds the supervisor waits, after a failed step, for Slurm to name a lost node.
+DEFAULT_GRACE_S = 30.0
+#: How often Slurm is asked while waiting (seconds).
+POLL_S = 0.25
+
+
+class Step(Protocol):
+    """A running training step (``srun``)."""
+
+    pid: int
+
+    def wait(self) -> int:
+        """Block until the step ends; its exit status (128+n for a signal)."""
+
+    def signal(self, signum: int) -> None:
+        """Forward ``signum`` to the step (srun passes it to every process)."""
+
+
+class JobSlurm(Protocol):
+    """What the supervisor asks of Slurm about its own job."""
+
+    def job_nodes(self) -> list[str]:
+        """The nodes the job holds now, in Slurm's order."""
+
+    def bad_nodes(self, nodes: Sequence[str]) -> list[str]:
+        """Of ``nodes``, those Slurm reports DOWN, DRAIN, FAIL or not responding."""
+
+    def release(self, keep: Sequence[str]) -> None:
+        """Shrink the job to ``keep`` (``scontrol update JobId= NodeList=``)."""
+
+    def launch(self, nodes: Sequence[str], command: Sequence[str]) -> Step:
+        """Start ``command`` as one process per node on ``nodes`` (the first runs process 0)."""
+
+
+@dataclass
+class Journal:
+    """Appends one JSON object per line to ``path`` (flushed each line), and keeps them."""
+
+    path: Path
+    clock: Callable[[], float] = time.time
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        row = {"event": event, "unix": round(self.clock(), 3), **fields}
+        self.events.append(row)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+@dataclass
+class Supervisor:
+    """One job's supervisor; :meth:`run` returns the final decision."""
+
+    slurm: JobSlurm
+    command: Sequence[str]
+    processes: int
+    batch_host: str
+    journal: Journal
+    max_relaunches: int = DEFAULT_MAX_RELAUNCHES
+    grace_s: float = DEFAULT_GRACE_S
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    signalled: int | None = None
+    _step: Step | None = None
+
+    def forward(self, signum: int) -> None:
+        """Pass a signal the batch script forwarded (USR1, TERM) to the running step; after
+        it the supervisor relaunches nothing."""
+        self.signalled = signum
+        if self._step is not None:
+            self._step.signal(signum)
+
+    def run(self) -> Decision:
+        job_nodes = self.slurm.job_nodes()
+        layout = first_layout(job_nodes, self.batch_host, self.processes)
+        self.journal(
+            "supervising",
+            pid=os.getpid(),
+            job_nodes=job_nodes,
+            step_nodes=list(layout.step),
+            spares=list(layout.spares),
+            batch_host=self.batch_host,
+            max_relaunches=self.max_relaunches,
+        )
+        relaunches = 0
+        while True:
+            status = self._run_step(layout, relaunches)
+            if self.signalled is not None or status in (0, 75):
+                decision: Decision = after_step(
+                    layout, status, lost=(), dropped=(), relaunches=relaunches,
+                    max_relaunches=self.max_relaunches,
+                )  # fmt: skip
+                if self.signalled is not None and isinstance(decision, Finish):
+                    decision = Finish(status, f"the step ended after signal {self.signalled}")
+            else:
+                lost, dropped = self._wait_for_lost(layout)
+                decision = after_step(
+                    layout, status, lost=lost, dropped=dropped, relaunches=relaunches,
+                    max_relaunches=self.max_relaunches,
+                )  # fmt: skip
+            if not isinstance(decision, Relaunch):
+                self._decided(decision)
+                return decision
+            if decision.release:
+                self._release(decision.release)
+            relaunches += 1
+            layout = next_layout(layout, decision)
+            self.journal(
+                "relaunch",
+                attempt=relaunches,
+                lost=list(decision.lost),
+                step_nodes=list(layout.step),
+                spares=list(layout.spares),
+            )
+
+    def _release(self, nodes: Sequence[str]) -> None:
+        """Give ``nodes`` back to Slurm. Slurm refuses to shrink a job while a DOWN node is
+        still in it (it drops that one itself a moment later): a refusal is journaled and the
+        relaunch goes on, since the step's node list leaves the lost nodes out anyway."""
+        keep = [n for n in self.slurm.job_nodes() if n not in nodes]
+        try:
+            self.slurm.release(keep)
+        except RecoverError as e:
+            self.journal("release-refused", nodes=list(nodes), error=str(e))
+            return
+        self.journal("released", nodes=list(nodes), keep=keep)
+
+    def _run_step(self, layout: Layout, attempt: int) -> int:
+        step = self.slurm.launch(layout.step, self.command)
+        self._step = step
+        self.journal("launched", attempt=attempt, nodes=list(layout.step), step_pid=step.pid)
+        if self.signalled is not None:  # a signal that came while the step was starting
+            step.signal(self.signalled)
+        status = step.wait()
+        self._step = None
+        self.journal("step-ended", attempt=attempt, status=status)
+        return status
+
+    def _wait_for_lost(self, layout: Layout) -> tuple[list[str], list[str]]:
+        """The job's lost nodes and those Slurm already dropped, waiting up to ``grace_s`` for
+        one of the step's nodes to be among them (the coordinator's verdict may trail the
+        crash it caused by a moment)."""
+        started = self.clock()
+        watched = list(layout.step) + list(layout.spares)
+        while True:
+            held = set(self.slurm.job_nodes())
+            dropped = [n for n in watched if n not in held]
+            bad = self.slurm.bad_nodes([n for n in watched if n in held])
+            lost = dropped + [n for n in bad if n not in dropped]
+            waited = self.clock() - started
+            if any(n in layout.step for n in lost) or waited >= self.grace_s:
+                self.journal("lost", nodes=lost, dropped=dropped, waited_s=round(waited, 3))
+                return lost, dropped
+            self.sleep(POLL_S)
+
+    def _decided(self, decision: Decision) -> None:
+        if isinstance(decision, Finish):
+            self.journal("finish", status=decision.status, why=decision.why)
+        elif isinstance(decision, Requeue):
+            self.journal("requeue", lost=list(decision.lost), why=decision.why)
+
+
+def decision_line(decision: Decision) -> str:
+    """What the batch script reads: ``exit N`` or ``requeue``."""
+    if isinstance(decision, Requeue):
+        return "requeue"
+    if isinstance(decision, Finish):
+        return f"exit {decision.status}"
+    raise ValueError(f"not a final decision: {decision!r}")
+
+
+def install_forwarding(supervisor: Supervisor) -> None:
+    """Forward USR1 and TERM (sent by the batch script) to the supervisor's step."""
+    for signum in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(signum, lambda s, _frame: supervisor.forward(s))

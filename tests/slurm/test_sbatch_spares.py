@@ -1,0 +1,66 @@
+"""`recover sbatch --spares S`: the job's options and script (pure), and S=0 as the plain
+path. The real-daemon behaviour is tests/slurm/test_inalloc.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from recovery.errors import UsageError
+from recovery.ports.slurm import NodeInfo
+from slurm.sbatch import check_spares_fit, render_batch_script, training_job
+
+CMD = ["recover", "train", "--run-dir", "/r", "--steps", "5"]
+
+
+def test_zero_spares_is_the_plain_requeue_path() -> None:
+    plain = training_job(CMD, sbatch_args=["-N", "2"], processes=2)
+    zero = training_job(CMD, sbatch_args=["-N", "2"], processes=2, spares=0)
+    assert zero == plain
+    assert "supervise-job" not in zero.script
+    assert "no-kill" not in zero.options
+
+
+def test_spares_ask_k_plus_s_nodes_with_no_kill_and_run_the_supervisor() -> None:
+    job = training_job(CMD, sbatch_args=["-N", "2", "--time=5"], processes=2, spares=1)
+    assert job.options["nodes"] == "3"
+    assert "no-kill" in job.options
+    assert job.extra_args == ("--time=5",)  # the user's -N 2 no longer overrides K+S
+    assert (
+        'recover supervise-job --processes 2 --decision-file "$decided" -- recover train '
+        "--run-dir /r --steps 5 --auto-resume &"
+    ) in job.script
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in job.script
+
+
+def test_python_m_recovery_runs_the_supervisor_the_same_way() -> None:
+    script = render_batch_script(
+        ["python3", "-m", "recovery", "train", "--steps", "3"], signal_lead_s=30, spares=1
+    )
+    assert "python3 -m recovery supervise-job --processes 1" in script
+
+
+def test_spares_need_recover_train_and_a_count_of_zero_or_more() -> None:
+    with pytest.raises(UsageError, match="--spares needs a `recover train` command"):
+        render_batch_script(["sleep", "10"], signal_lead_s=30, spares=1)
+    with pytest.raises(UsageError, match=r"Invalid --spares -1: expected 0 or more"):
+        render_batch_script(CMD, signal_lead_s=30, spares=-1)
+
+
+class _Nodes:
+    def __init__(self, nodes: list[NodeInfo]) -> None:
+        self._nodes = nodes
+
+    def nodes(self) -> list[NodeInfo]:
+        return self._nodes
+
+
+def test_more_nodes_than_in_service_names_how_many_spares_fit() -> None:
+    nodes = [NodeInfo("n1", "IDLE"), NodeInfo("n2", "IDLE"), NodeInfo("n3", "IDLE"),
+             NodeInfo("s1", "IDLE", frozenset({"DRAIN"}))]  # fmt: skip
+    check_spares_fit(_Nodes(nodes), 2, 1)  # type: ignore[arg-type]
+    with pytest.raises(
+        UsageError, match=r"asks 5 nodes .* 3 in service \(n1, n2, n3\): at most --spares 1"
+    ):
+        check_spares_fit(_Nodes(nodes), 2, 3)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="not even the 4 processes fit"):
+        check_spares_fit(_Nodes(nodes), 4, 1)  # type: ignore[arg-type]

@@ -1,0 +1,204 @@
+"""The job supervisor's decisions (recovery/inalloc), with a fake of its own JobSlurm port:
+which nodes train, when it relaunches on a spare, when it gives up to a requeue."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from recovery.errors import SlurmRefusedError
+from recovery.inalloc.decide import Finish, Relaunch, Requeue, after_step, first_layout
+from recovery.inalloc.supervisor import Journal, Supervisor, decision_line
+
+
+@dataclass
+class FakeStep:
+    status: int
+    pid: int = 1
+    signals: list[int] = field(default_factory=list)
+
+    def wait(self) -> int:
+        return self.status
+
+    def signal(self, signum: int) -> None:
+        self.signals.append(signum)
+
+
+@dataclass
+class FakeJob:
+    """A --no-kill job: each launch ends with the next status; ``faults[i]`` is what Slurm does
+    to the nodes when step i ends: DOWN nodes leave the job, DRAIN ones stay until released."""
+
+    nodes: list[str]
+    statuses: list[int]
+    faults: dict[int, dict[str, str]] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)
+    launches: list[list[str]] = field(default_factory=list)
+    released: list[list[str]] = field(default_factory=list)
+    refuse_release: bool = False
+
+    def job_nodes(self) -> list[str]:
+        return list(self.nodes)
+
+    def bad_nodes(self, nodes: Sequence[str]) -> list[str]:
+        return [n for n in nodes if self.states.get(n) in ("DOWN", "DRAIN")]
+
+    def release(self, keep: Sequence[str]) -> None:
+        if self.refuse_release:  # as Slurm does while a DOWN node is still in the job
+            raise SlurmRefusedError("scontrol update JobId=1: refused: Unexpected message")
+        self.released.append(list(keep))
+        self.nodes = [n for n in self.nodes if n in keep]
+
+    def launch(self, nodes: Sequence[str], command: Sequence[str]) -> FakeStep:
+        i = len(self.launches)
+        self.launches.append(list(nodes))
+        for node, state in self.faults.get(i, {}).items():
+            self.states[node] = state
+            if state == "DOWN":
+                self.nodes.remove(node)
+        return FakeStep(self.statuses[i])
+
+
+def _run(job: FakeJob, tmp_path: Path, **kw: object) -> tuple[object, Journal]:
+    clock = iter(range(10_000))
+    journal = Journal(tmp_path / "sup.jsonl")
+    sup = Supervisor(
+        slurm=job,
+        command=["recover", "train"],
+        processes=2,
+        batch_host="n1",
+        journal=journal,
+        clock=lambda: float(next(clock)),
+        sleep=lambda _s: None,
+        **kw,  # type: ignore[arg-type]
+    )
+    return sup.run(), journal
+
+
+def test_the_batch_host_is_the_last_spare() -> None:
+    layout = first_layout(["n1", "n2", "n3", "n4"], "n1", 2)
+    assert layout.step == ("n2", "n3")
+    assert layout.spares == ("n4", "n1")
+
+
+def test_too_few_nodes_for_the_processes_is_an_error_naming_them() -> None:
+    with pytest.raises(ValueError, match=r"holds 1 node\(s\) \(n1\) for 2 processes"):
+        first_layout(["n1"], "n1", 2)
+
+
+def test_a_down_node_is_replaced_by_a_spare_and_the_job_completes(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3", "n4"], [134, 0], faults={0: {"n3": "DOWN"}})
+    decision, journal = _run(job, tmp_path)
+    assert decision == Finish(0, "the training step completed")
+    assert job.launches == [["n2", "n3"], ["n2", "n4"]]
+    assert job.released == []  # Slurm dropped the DOWN node itself
+    assert [e["event"] for e in journal.events] == [
+        "supervising", "launched", "step-ended", "lost", "relaunch", "launched", "step-ended",
+        "finish",
+    ]  # fmt: skip
+    assert (tmp_path / "sup.jsonl").read_text().count("\n") == 8
+
+
+def test_a_drained_node_is_given_back_before_the_relaunch(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3"], [137, 0], faults={0: {"n2": "DRAIN"}})
+    decision, _ = _run(job, tmp_path)
+    assert decision == Finish(0, "the training step completed")
+    assert job.released == [["n1", "n3"]]
+    assert job.launches == [["n2", "n3"], ["n3", "n1"]]  # the batch host, last spare, trains
+
+
+def test_no_spare_left_requeues(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3"], [134, 134], faults={0: {"n2": "DOWN"}, 1: {"n3": "DOWN"}})
+    decision, journal = _run(job, tmp_path)
+    assert isinstance(decision, Requeue)
+    assert decision.lost == ("n3",)
+    assert "0 spare(s) left" in decision.why
+    assert decision_line(decision) == "requeue"
+    assert journal.events[-1]["event"] == "requeue"
+
+
+def test_the_restart_budget_bounds_relaunches(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3", "n4"], [134, 0], faults={0: {"n3": "DOWN"}})
+    decision, _ = _run(job, tmp_path, max_relaunches=0)
+    assert isinstance(decision, Requeue)
+    assert "restart budget is spent (0 relaunches)" in decision.why
+    assert job.launches == [["n2", "n3"]]
+
+
+def test_a_failure_with_no_lost_node_ends_the_job_with_its_status(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3"], [1])
+    decision, journal = _run(job, tmp_path, grace_s=3.0)
+    assert decision == Finish(1, "the training step failed (status 1) and no node is lost")
+    assert decision_line(decision) == "exit 1"
+    (lost,) = [e for e in journal.events if e["event"] == "lost"]
+    assert lost["nodes"] == []
+    assert lost["waited_s"] >= 3.0  # it waited the grace for Slurm to name a node
+
+
+def test_a_lost_spare_is_not_taken(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3", "n4"], [134, 0], faults={0: {"n2": "DOWN", "n4": "DRAIN"}})
+    decision, _ = _run(job, tmp_path)
+    assert decision == Finish(0, "the training step completed")
+    assert job.launches[1] == ["n3", "n1"]
+    assert job.released == [["n1", "n3"]]
+
+
+def test_preempted_and_completed_steps_end_the_job() -> None:
+    layout = first_layout(["n1", "n2", "n3"], "n1", 2)
+    for status in (0, 75):
+        decision = after_step(
+            layout, status, lost=["n2"], dropped=[], relaunches=0, max_relaunches=3
+        )
+        assert isinstance(decision, Finish)
+        assert decision.status == status
+
+
+def test_a_lost_batch_host_requeues() -> None:
+    layout = first_layout(["n1", "n2", "n3"], "n1", 3)
+    decision = after_step(layout, 134, lost=["n1"], dropped=[], relaunches=0, max_relaunches=3)
+    assert isinstance(decision, Requeue)
+    assert "batch host n1" in decision.why
+
+
+def test_a_forwarded_signal_reaches_the_step_and_stops_relaunches(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3"], [75])
+    sup = Supervisor(
+        slurm=job, command=["x"], processes=2, batch_host="n1", journal=Journal(tmp_path / "j")
+    )
+    sup.forward(signal.SIGUSR1)  # before the step starts: passed on when it does
+    decision = sup.run()
+    assert isinstance(decision, Finish)
+    assert decision.status == 75
+    assert "signal" in decision.why
+
+
+def test_relaunch_keeps_survivors_first() -> None:
+    layout = first_layout(["n1", "n2", "n3", "n4"], "n1", 2)
+    decision = after_step(layout, 134, lost=["n2"], dropped=["n2"], relaunches=0, max_relaunches=3)
+    assert decision == Relaunch(nodes=("n3", "n4"), lost=("n2",), release=(), spares_left=("n1",))
+
+
+def test_a_refused_release_is_journaled_and_the_relaunch_goes_on(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3"], [134, 0], faults={0: {"n3": "DRAIN"}}, refuse_release=True)
+    decision, journal = _run(job, tmp_path)
+    assert decision == Finish(0, "the training step completed")
+    assert job.launches == [["n2", "n3"], ["n2", "n1"]]
+    (refused,) = [e for e in journal.events if e["event"] == "release-refused"]
+    assert refused["nodes"] == ["n3"]
+    assert "Unexpected message" in refused["error"]
+
+
+def test_a_second_fault_during_the_relaunch_takes_the_next_spare(tmp_path: Path) -> None:
+    job = FakeJob(
+        ["n1", "n2", "n3", "n4", "n5"],
+        [134, 134, 0],
+        faults={0: {"n2": "DOWN"}, 1: {"n4": "DOWN"}},
+    )
+    decision, journal = _run(job, tmp_path)
+    assert decision == Finish(0, "the training step completed")
+    assert job.launches == [["n2", "n3"], ["n3", "n4"], ["n3", "n5"]]
+    assert [e["attempt"] for e in journal.events if e["event"] == "relaunch"] == [1, 2]
