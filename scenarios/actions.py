@@ -20,7 +20,6 @@ from typing import Any
 from recovery.checkpoint.scan import committed_steps, step_path
 from recovery.errors import RecoverError, UsageError
 from recovery.httpapi.client import inject
-from recovery.proc import parent_of
 from scenarios.rig import Rig
 from scenarios.schema import FAULT_NODE, JOB_NODE, Entry
 from scenarios.watch import Watcher
@@ -81,7 +80,7 @@ def _inject(entry: Entry, fault: str, rig: Rig, watch: Watcher, nodes: list[str]
     done = Done(node=nodes[0])
     if entry.kills_training:
         rig.need_local("crash_training")
-        done.notes.append(f"{fault}: {_crash_training(watch, say)}")
+        done.notes.append(f"{fault}: {_crash_training(watch, nodes[0], say)}")
     count = entry.repeat.count if entry.repeat else 1
     every = entry.repeat.every_s if entry.repeat else 0.0
     for i in range(count):
@@ -102,21 +101,19 @@ def _inject(entry: Entry, fault: str, rig: Rig, watch: Watcher, nodes: list[str]
     return done
 
 
-def _crash_training(watch: Watcher, say: Say) -> str:
-    """What a GPU falling off the bus does to the job: the training process dies at once
-    (SIGKILL: nothing is saved) and the job hangs rather than ends (its batch shell is held
-    with SIGSTOP), until the toolkit takes the node out and Slurm requeues the job (Slurm
-    continues and kills the job's processes then). A batch shell left to see its training
-    die would end the job as FAILED, which no requeue brings back."""
-    pid = watch.training_pid()
+def _crash_training(watch: Watcher, node: str, say: Say) -> str:
+    """What a GPU falling off the bus does to the job (DESIGN.md's failure model): the driver
+    kills the CUDA work on that node, so the training process there dies at once with
+    SIGABRT (abnormal exit, nothing saved). slurmd, the batch shell and the job's processes on
+    the other nodes are left alone: those stop by themselves when their peer is lost, srun's
+    step ends with the dead process's status and the job ends FAILED; the coordinator's
+    requeue of a job a fault ended (or Slurm's own, for a node it lost) brings it back."""
+    pid = watch.training_pid_on(node)
     if pid is None:
-        return "no training process was running to crash"
-    shell = parent_of(pid)
-    if shell is not None and shell > 1:
-        os.kill(shell, signal.SIGSTOP)
-    os.kill(pid, signal.SIGKILL)
-    say(f"training process {pid} SIGKILLed, its batch shell {shell} held: the GPU is gone")
-    return f"training process {pid} SIGKILLed and batch shell {shell} stopped with the fault"
+        return f"no training process was running on {node} to crash"
+    os.kill(pid, signal.SIGABRT)
+    say(f"training process {pid} on {node} SIGABRTed: its GPU is gone")
+    return f"training process {pid} on {node} SIGABRTed with the fault (no save)"
 
 
 def _inject_on(

@@ -117,9 +117,14 @@ def run(loaded: Loaded, opts: RunOptions) -> RunResult:
     j = s.job
     rec = rundir.RunRecord(s.name, t0, j.steps, j.save_every, j.model, out / "job")
     say(f"scenario {s.name}: {s.description}")
-    control = Background(j, opts.cache) if s.expect.digest_matches_control else None
+    control = None
+    if existing is None and s.expect.digest_matches_control:
+        # Started before the cluster, so the control trains while the daemons come up.
+        control = Background(j, opts.cache, processes=_processes(s, s.cluster.nodes))
     if existing is not None:
         rig, root = attach(existing, opts.env, say, opts.slurm), None
+        if s.expect.digest_matches_control:
+            control = Background(j, opts.cache, processes=_processes(s, len(rig.nodes)))
     else:
         root = cluster_root(out, s.cluster)
         rig = bring_up(s.cluster, root, say, opts.slurm, opts.env)
@@ -228,8 +233,27 @@ def _check_existing(s: Scenario, existing: ExistingCluster) -> None:
         )
 
 
+def _job_nodes(s: Scenario, in_service: int) -> int:
+    """Nodes the job asks for on a cluster with ``in_service`` nodes."""
+    return in_service if s.job.nodes == "all" else int(s.job.nodes)
+
+
+def _processes(s: Scenario, in_service: int) -> int:
+    """Training processes of the job (one per node) on a cluster of ``in_service`` nodes.
+
+    Raises UsageError when they are more than the job's nodes (an existing cluster smaller
+    than the file assumed), naming what fits."""
+    nodes = _job_nodes(s, in_service)
+    count = s.job.process_count(nodes)
+    if count > nodes:
+        raise UsageError(f"job.processes {count}: one process runs per node and the job has "
+                         f"{nodes} node(s); ask for at most {nodes}")  # fmt: skip
+    return count
+
+
 def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say) -> Watcher:
-    count = len(rig.nodes) if s.job.nodes == "all" else int(s.job.nodes)
+    count = _job_nodes(s, len(rig.nodes))
+    processes = _processes(s, len(rig.nodes))
     command = [
         sys.executable, "-m", "recovery", "train", "--run-dir", str(rec.run_dir),
         *s.training_args(), "--step-sleep", str(s.job.step_sleep),
@@ -240,10 +264,12 @@ def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say)
         rig.slurm,
         command,
         sbatch_args=[f"--nodes={count}", f"--output={out}/job-%j.out", f"--chdir={out}"],
+        processes=processes,
     )
     rec.job_id = job_id
-    say(f"job {job_id} submitted: {count} node(s), {s.job.model} to step {s.job.steps}, "
-        f"checkpoint every {s.job.save_every}")  # fmt: skip
+    rec.processes = processes
+    say(f"job {job_id} submitted: {count} node(s), {processes} process(es), {s.job.model} "
+        f"to step {s.job.steps}, checkpoint every {s.job.save_every}")  # fmt: skip
     return Watcher(rec.run_dir, job_id, rig.slurm, rig.client, say)
 
 

@@ -63,6 +63,9 @@ class Process:
     """``completed``, ``preempted`` (saved on a signal), or ``killed`` (no final event)."""
     final_step: int | None
     """The step its ``completed`` or ``preempted`` event reports."""
+    last_event: str = ""
+    """The kind of its last event (``peer-lost``: it stopped because another process of the
+    job was lost)."""
 
     @property
     def first_step_start(self) -> float | None:
@@ -123,6 +126,7 @@ def _process(index: int, events: Sequence[Event]) -> Process:
         ),
         outcome=final.kind if final else "killed",
         final_step=final.step if final else None,
+        last_event=max(events, key=lambda e: e.ts).kind,
     )
 
 
