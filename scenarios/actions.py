@@ -40,8 +40,42 @@ class Done:
     detail: str = ""
 
 
-def carry_out(entry: Entry, rig: Rig, watch: Watcher, fault_node: str | None, say: Say) -> Done:
-    """Do ``entry`` now. ``fault_node`` is the node of the previous fault (for ``fault-node``).
+@dataclass(frozen=True)
+class Crash:
+    """The training process a fault killed before it was reported (see :func:`crash_first`)."""
+
+    node: str
+    at: float
+    """Wall seconds of the SIGABRT."""
+    note: str
+
+
+def crash_first(
+    entry: Entry, rig: Rig, watch: Watcher, fault_node: str | None, say: Say
+) -> Crash | None:
+    """For a fault that kills the training (``entry.kills_training``), SIGABRT the process on
+    the fault's node now, the moment the trigger fired: the process dies first and the agent
+    reports later, as on real hardware. None for any other entry. Raises as :func:`carry_out`.
+    """
+    if not entry.kills_training:
+        return None
+    rig.need_local("crash_training")
+    node = _targets(entry, watch, fault_node)[0]
+    at = time.time()
+    return Crash(node, at, _crash_training(watch, node, say))
+
+
+def carry_out(
+    entry: Entry,
+    rig: Rig,
+    watch: Watcher,
+    fault_node: str | None,
+    say: Say,
+    crash: Crash | None = None,
+) -> Done:
+    """Do ``entry`` now. ``fault_node`` is the node of the previous fault (for ``fault-node``);
+    ``crash``: what :func:`crash_first` did for it (else a fault that kills the training
+    kills it here).
 
     Raises UsageError when the entry cannot be done here (no node runs the job, a local-only
     fault on an existing cluster), RecoverError from the coordinator or Slurm.
@@ -55,7 +89,9 @@ def carry_out(entry: Entry, rig: Rig, watch: Watcher, fault_node: str | None, sa
     nodes = _targets(entry, watch, fault_node)
     if entry.fault == "slurmd-crash":
         return _crash_slurmd(rig, nodes[0], say)
-    return _inject(entry, str(entry.fault), rig, watch, nodes, say)
+    if crash is None:
+        crash = crash_first(entry, rig, watch, fault_node, say)
+    return _inject(entry, str(entry.fault), rig, nodes, crash, say)
 
 
 def _targets(entry: Entry, watch: Watcher, fault_node: str | None) -> list[str]:
@@ -76,11 +112,13 @@ def _targets(entry: Entry, watch: Watcher, fault_node: str | None) -> list[str]:
     return list(running[:count])
 
 
-def _inject(entry: Entry, fault: str, rig: Rig, watch: Watcher, nodes: list[str], say: Say) -> Done:
+def _inject(
+    entry: Entry, fault: str, rig: Rig, nodes: list[str], crash: Crash | None, say: Say
+) -> Done:
     done = Done(node=nodes[0])
-    if entry.kills_training:
-        rig.need_local("crash_training")
-        done.notes.append(f"{fault}: {_crash_training(watch, nodes[0], say)}")
+    killed_at = crash.at if crash is not None and crash.node == nodes[0] else None
+    if crash is not None:
+        done.notes.append(f"{fault}: {crash.note}")
     count = entry.repeat.count if entry.repeat else 1
     every = entry.repeat.every_s if entry.repeat else 0.0
     for i in range(count):
@@ -89,10 +127,12 @@ def _inject(entry: Entry, fault: str, rig: Rig, watch: Watcher, nodes: list[str]
             gpu = ((entry.gpu or 0) + i) % 8
         replies = _inject_on(rig, nodes, fault, gpu, entry.path)
         for node, at, reply in replies:
-            done.faults.append(
-                {"fault": fault, "node": node, "via": entry.path, "at": at,
-                 "gpu": gpu, "event_id": reply.get("event_id")}
-            )  # fmt: skip
+            record = {"fault": fault, "node": node, "via": entry.path, "at": at,
+                      "gpu": gpu, "event_id": reply.get("event_id")}  # fmt: skip
+            if killed_at is not None and i == 0 and node == nodes[0]:
+                # The fault happened when the process died; the report measures from there.
+                record.update(at=killed_at, injected_at=at, killed="training process")
+            done.faults.append(record)
         if i == 0 or i == count - 1:
             more = f" ({i + 1} of {count})" if count > 1 else ""
             say(f"injected {fault} on {', '.join(nodes)} via {entry.path}{more}")

@@ -25,7 +25,7 @@ from recovery.ports.journal import PhaseName
 from recovery.spares import is_spare
 from recovery.wiring import SlurmAccess
 from scenarios import rundir
-from scenarios.actions import carry_out
+from scenarios.actions import carry_out, crash_first
 from scenarios.control import Background, compile_cache
 from scenarios.expect import Check, OperatorAnswer, Outcome, check, progress
 from scenarios.loader import Loaded, dotted, semantic_problems
@@ -301,10 +301,13 @@ def _drive(
         if when.delay_s:
             until = time.monotonic() + when.delay_s
             _wait(watch, deadline, f"{when.delay_s:g} s more", partial(_past, until))
+        # A fault that kills the training kills it the moment the trigger fired (the
+        # bookkeeping below takes seconds on a loaded machine; the job may be done by then).
+        crash = crash_first(entry, rig, watch, fault_node, say)
         # Counted before acting: an incident may open within milliseconds of the fault.
         watch.poll(force=True)
         before = len(watch.incidents)
-        done = carry_out(entry, rig, watch, fault_node, say)
+        done = carry_out(entry, rig, watch, fault_node, say, crash)
         rec.faults += done.faults
         rec.notes += done.notes
         if entry.fault is not None and done.node is not None:
