@@ -44,10 +44,16 @@ class Done:
 class Crash:
     """The training process a fault killed before it was reported (see :func:`crash_first`)."""
 
-    node: str
+    nodes: list[str]
+    """Where the fault is injected (the first: where the process was killed). Chosen before
+    the kill: once the process died the job may have ended and run on no node."""
     at: float
     """Wall seconds of the SIGABRT."""
     note: str
+
+    @property
+    def node(self) -> str:
+        return self.nodes[0]
 
 
 def crash_first(
@@ -60,9 +66,13 @@ def crash_first(
     if not entry.kills_training:
         return None
     rig.need_local("crash_training")
-    node = _targets(entry, watch, fault_node)[0]
+    # job-node is where process 0 runs (the batch step's node); its own events say where,
+    # without the Slurm query that takes seconds on a loaded machine.
+    last = watch.last("step") if entry.where == JOB_NODE and entry.burst is None else None
+    here = last.get("node") if last else None
+    nodes = [here] if isinstance(here, str) else _targets(entry, watch, fault_node)
     at = time.time()
-    return Crash(node, at, _crash_training(watch, node, say))
+    return Crash(nodes, at, _crash_training(watch, nodes[0], say))
 
 
 def carry_out(
@@ -86,11 +96,11 @@ def carry_out(
         return _kill_coordinator(entry, rig, say)
     if entry.fault in ("checkpoint-corrupt", "checkpoint-truncate"):
         return _damage_checkpoint(entry, watch.run_dir, say)
-    nodes = _targets(entry, watch, fault_node)
     if entry.fault == "slurmd-crash":
-        return _crash_slurmd(rig, nodes[0], say)
+        return _crash_slurmd(rig, _targets(entry, watch, fault_node)[0], say)
     if crash is None:
         crash = crash_first(entry, rig, watch, fault_node, say)
+    nodes = crash.nodes if crash is not None else _targets(entry, watch, fault_node)
     return _inject(entry, str(entry.fault), rig, nodes, crash, say)
 
 

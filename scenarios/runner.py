@@ -38,6 +38,8 @@ from slurm.sbatch import submit_training
 Say = Callable[[str], None]
 #: How long the runner waits, after the job ended, for the coordinator to close incidents.
 SETTLE_S = 20.0
+#: Seconds between full polls while a step trigger reads only the events file.
+LIGHT_FULL_S = 3.0
 #: Exit status of ``recover scenario run`` when the scenario ran but an expectation failed.
 EXPECTATION_FAILED = 10
 
@@ -297,7 +299,12 @@ def _drive(
         when, since = entry.when, mark
         what = f"entry {i} ({entry.label}) to trigger: {when.describe()}"
         fatal_end = when.trigger[0] in ("step", "checkpoint", "job")
-        _wait(watch, deadline, what, partial(_fired, when, watch, since), fatal_end=fatal_end)
+        # A step or checkpoint trigger reads only the events file between the slower polls
+        # (a Slurm query, a request): on a loaded machine those take seconds, and a fault
+        # meant for step N would land steps later.
+        light = when.trigger[0] in ("step", "checkpoint")
+        _wait(watch, deadline, what, partial(_fired, when, watch, since), fatal_end=fatal_end,
+              light=light)  # fmt: skip
         if when.delay_s:
             until = time.monotonic() + when.delay_s
             _wait(watch, deadline, f"{when.delay_s:g} s more", partial(_past, until))
@@ -372,11 +379,18 @@ def _wait(
     *,
     fatal_end: bool = False,
     interval_s: float = 0.1,
+    light: bool = False,
 ) -> None:
     """Poll until ``done()``; ScenarioTimeout past ``deadline`` (monotonic). With
-    ``fatal_end``, a job that ended first makes the wait fail at once (it cannot come true)."""
+    ``fatal_end``, a job that ended first makes the wait fail at once (it cannot come true).
+    ``light``: read only the job's events, with a full poll every :data:`LIGHT_FULL_S`."""
+    full_at = 0.0
     while True:
-        watch.poll()
+        if not light or time.monotonic() >= full_at:
+            watch.poll()
+            full_at = time.monotonic() + LIGHT_FULL_S
+        else:
+            watch.poll_events()
         if done():
             return
         if fatal_end and watch.job is not None and watch.job.finished:

@@ -70,6 +70,10 @@ class Watcher:
             self._next_job = now + self.job_every_s
             self._read_job()
 
+    def poll_events(self) -> None:
+        """Read only what is new in the job's events file (a local read: cheap)."""
+        self._read_events()
+
     def _read_events(self) -> None:
         path = self.run_dir / "events.jsonl"
         try:
