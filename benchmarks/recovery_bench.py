@@ -248,11 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     base, contrast = find(args.scenario), find(args.contrast)
     main_s, single = _with_processes(base, args.processes), _with_processes(base, 1)
     single_runs = args.runs if args.single_runs is None else args.single_runs
-    for loaded, k in (
-        (main_s, args.processes),
-        (single, 1),
-        (contrast, contrast.scenario.job.process_count(contrast.scenario.cluster.nodes)),
-    ):
+    contrast_k = contrast.scenario.job.process_count(contrast.scenario.cluster.nodes)
+    controls = [(main_s, args.processes, args.runs), (single, 1, single_runs),
+                (contrast, contrast_k, args.contrast_runs)]  # fmt: skip
+    for loaded, k, runs in controls:
+        if not runs:
+            continue  # no run of it: no control needed
         print(f"control run for {loaded.scenario.name}, {k} process(es) (cached after the "
               "first time)", flush=True)  # fmt: skip
         control_digest(loaded.scenario.job, args.cache, processes=k)

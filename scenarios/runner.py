@@ -311,8 +311,11 @@ def _drive(
         # A fault that kills the training kills it the moment the trigger fired (the
         # bookkeeping below takes seconds on a loaded machine; the job may be done by then).
         crash = crash_first(entry, rig, watch, fault_node, say)
-        # Counted before acting: an incident may open within milliseconds of the fault.
-        watch.poll(force=True)
+        # Counted before acting: an incident may open within milliseconds of the fault. After
+        # a kill the fault's report follows at once, as on real hardware, so the count is the
+        # last poll's (at most LIGHT_FULL_S old): a fresh poll takes seconds under load.
+        if crash is None:
+            watch.poll(force=True)
         before = len(watch.incidents)
         done = carry_out(entry, rig, watch, fault_node, say, crash)
         rec.faults += done.faults
