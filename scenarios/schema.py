@@ -97,7 +97,7 @@ Top level
     ``out_of_service: [nodes]`` (out of service at the end, not back in the pool);
     ``in_service: [nodes]`` (in service at the end: kept, or returned and promoted);
     ``phases: {name: seconds}``: budgets for the report's phases of every incident
-    (``detection``, ``take_out``, ``requeue_wait``, ``replacement``, ``job_restart``,
+    (``detection``, ``stall``, ``take_out``, ``requeue_wait``, ``replacement``, ``job_restart``,
     ``restore``, ``warmup``, ``recompute``, ``no_progress``).
 """
 
