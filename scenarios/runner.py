@@ -38,6 +38,9 @@ from slurm.sbatch import submit_training
 Say = Callable[[str], None]
 #: How long the runner waits, after the job ended, for the coordinator to close incidents.
 SETTLE_S = 20.0
+#: Seconds a job that ended other than COMPLETED must stay ended (incidents all closed)
+#: before the runner takes it as the end: the coordinator requeues a job a fault ended.
+ENDED_SETTLE_S = 15.0
 #: Seconds between full polls while a step trigger reads only the events file.
 LIGHT_FULL_S = 3.0
 #: Exit status of ``recover scenario run`` when the scenario ran but an expectation failed.
@@ -327,7 +330,7 @@ def _drive(
                                           entry.expect, done.answer, done.detail))  # fmt: skip
         at_fault = before if entry.fault is not None else mark.at_fault
         mark = _Mark(time.monotonic(), before, at_fault, watch.count("started"))
-    _wait(watch, deadline, "the job to end", lambda: watch.job is not None and watch.job.finished)
+    _wait(watch, deadline, "the job to end", partial(_job_over, watch, {}))
     settle = min(deadline, time.monotonic() + SETTLE_S)
     try:
         _wait(watch, settle, "the incidents to close", lambda: _all_closed(watch))
@@ -359,6 +362,21 @@ def _fired(when: When, watch: Watcher, mark: _Mark) -> bool:
     if value == "closed":
         return len(incidents) > mark.at_fault and _all_closed(watch)
     return any(p["name"] == PhaseName.held for i in incidents for p in i["phases"])
+
+
+def _job_over(watch: Watcher, since: dict[str, float]) -> bool:
+    """Whether the job is over for good: COMPLETED, or ended otherwise (FAILED when a fault
+    killed its training, NODE_FAIL) and still ended :data:`ENDED_SETTLE_S` later with every
+    incident closed: a job a fault ended is requeued by the coordinator, so a first FAILED
+    is not the end. ``since`` keeps when it was first seen ended."""
+    job = watch.job
+    if job is None or not job.finished:
+        since.clear()
+        return False
+    if job.state == "COMPLETED":
+        return True
+    first = since.setdefault("at", time.monotonic())
+    return time.monotonic() - first >= ENDED_SETTLE_S and _all_closed(watch)
 
 
 def _past(mono: float) -> bool:
