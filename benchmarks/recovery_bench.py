@@ -1,9 +1,16 @@
-"""Recovery time, phase by phase: the xid79 scenario run N times on the real local cluster,
-and the empty-spare-pool scenario for contrast.
+"""Recovery time, phase by phase: the xid79 scenario run N times on the real local cluster
+as a K-process job (one process per node, K=4) and as a single process, side by side, and the
+empty-spare-pool scenario for contrast.
 
-    .venv/bin/python -m benchmarks.recovery_bench [--runs 10] [--contrast-runs 3]
-        [--scenario xid79] [--contrast no-spare] [--slurm auto|25.11|22.05] [--out DIR]
-        [--json out.json]
+    .venv/bin/python -m benchmarks.recovery_bench [--runs 10] [--single-runs N]
+        [--contrast-runs 3] [--processes 4] [--scenario xid79] [--contrast no-spare]
+        [--slurm auto|25.11|22.05] [--out DIR] [--json out.json]
+
+The fault is the real one (DESIGN.md): the training process on the faulted node is
+SIGABRTed (no save) while slurmd, the batch shell and the other processes live on; the others
+stop by themselves (``stall``: fault -> every process stopped), the job ends FAILED and the
+coordinator requeues it. ``--single-runs`` (default: ``--runs``) runs the same scenario with
+``job.processes: 1`` for the single-process figure; 0 skips it.
 
 ``--slurm`` picks the local cluster's Slurm (as ``recover scenario run --slurm``): on 22.05 a
 requeued job waits for its old credential to expire (``requeue_wait`` >= cred_expire + 1 s);
@@ -16,16 +23,19 @@ job's events. The control run the digest is compared with is computed (or found 
 before the first measured run, so it never competes with one for the CPU.
 
 Printed per phase: median, the spread (min, quartiles, max) and the median's share of
-"fault -> training again" (the chain detection + take_out + requeue_wait + job_restart +
-restore + warmup, which sums to it exactly); replacement runs beside the chain, recompute and
-no_progress are shown for the cost. Then the target (fault -> training again under 20 s, the
-median) and what bounds the biggest phase. Needs root (the local cluster runs as root).
+"fault -> training again" (the chain: the later of stall or detection + take_out, then
+requeue_wait + job_restart + restore + warmup, which sums to it exactly; each run's report
+names its chain); replacement runs beside the chain, recompute and no_progress are shown
+for the cost. Then stall p50/p99 and steps recomputed for K processes and for one. Then the
+target (fault -> training again under 20 s, the median) and what bounds the biggest phase.
+Needs root (the local cluster runs as root).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -39,7 +49,7 @@ from scenarios.loader import Loaded, find
 from scenarios.runner import RunOptions, run
 from slurm.conf import ClusterLayout
 
-CHAIN = ("detection", "take_out", "requeue_wait", "job_restart", "restore", "warmup")
+CHAIN = ("detection", "stall", "take_out", "requeue_wait", "job_restart", "restore", "warmup")
 BESIDE = ("replacement", "recompute", "no_progress")
 TARGET_S = 20.0
 
@@ -54,6 +64,8 @@ class Series:
     recomputed: list[int] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     elapsed: list[float] = field(default_factory=list)
+    chains: list[str] = field(default_factory=list)
+    """Each run's chain of phases (``stall`` or ``detection+take_out`` first)."""
 
     def add(self, report: dict[str, Any], elapsed_s: float) -> None:
         self.elapsed.append(elapsed_s)
@@ -69,6 +81,7 @@ class Series:
             self.recovery.append(float(first["recovery_s"]))
         if first.get("steps_recomputed") is not None:
             self.recomputed.append(int(first["steps_recomputed"]))
+        self.chains.append("+".join(first.get("chain") or ()))
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
@@ -107,7 +120,45 @@ def table(series: Series) -> str:
     return "\n".join(rows)
 
 
+def percentile(values: list[float], q: int) -> float:
+    """The ``q``-th percentile (inclusive method; with few runs p99 is close to the max)."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def side_by_side(many: Series, one: Series | None, processes: int) -> str:
+    """fault -> training again, stall p50/p99 and steps recomputed: K processes against one."""
+    cols = [(f"{processes} processes", many)] + ([("1 process", one)] if one else [])
+    head = f"{'':<28}" + "".join(f"{c:>16}" for c, _ in cols)
+    rows = [head, "-" * len(head)]
+
+    def cell(values: list[float], fn: str) -> str:
+        if not values:
+            return f"{'-':>16}"
+        v = {"p50": percentile(values, 50), "p99": percentile(values, 99)}[fn]
+        return f"{v:>14.2f} s"
+
+    for label, key, fn in (
+        ("fault -> training again p50", "recovery", "p50"),
+        ("fault -> training again p99", "recovery", "p99"),
+        ("stall p50", "stall", "p50"),
+        ("stall p99", "stall", "p99"),
+    ):
+        rows.append(f"{label:<28}" + "".join(
+            cell(s.recovery if key == "recovery" else s.phases.get(key, []), fn)
+            for _, s in cols
+        ))  # fmt: skip
+    rows.append(f"{'steps recomputed (median)':<28}" + "".join(
+        f"{statistics.median(s.recomputed) if s.recomputed else '-':>16}" for _, s in cols
+    ))  # fmt: skip
+    rows.append(f"{'runs':<28}" + "".join(f"{len(s.elapsed):>16}" for _, s in cols))
+    return "\n".join(rows)
+
+
 def _why_none(name: str, series: Series) -> str:
+    if name == "stall":
+        return "no process of the job was left to stop"
     if name == "replacement":
         return "no spare was promoted in any run"
     return "not measured in any run"
@@ -179,6 +230,8 @@ def verdict(main: Series, expedited: bool = False) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--single-runs", type=int, default=None)
+    ap.add_argument("--processes", type=int, default=4)
     ap.add_argument("--contrast-runs", type=int, default=3)
     ap.add_argument("--scenario", default="xid79")
     ap.add_argument("--contrast", default="no-spare")
@@ -192,11 +245,24 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("runs") / f"recovery-bench-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
 
-    main_s, contrast = find(args.scenario), find(args.contrast)
-    for loaded in (main_s, contrast):
-        print(f"control run for {loaded.scenario.name} (cached after the first time)", flush=True)
-        control_digest(loaded.scenario.job, args.cache)
+    base, contrast = find(args.scenario), find(args.contrast)
+    main_s, single = _with_processes(base, args.processes), _with_processes(base, 1)
+    single_runs = args.runs if args.single_runs is None else args.single_runs
+    contrast_k = contrast.scenario.job.process_count(contrast.scenario.cluster.nodes)
+    controls = [(main_s, args.processes, args.runs), (single, 1, single_runs),
+                (contrast, contrast_k, args.contrast_runs)]  # fmt: skip
+    for loaded, k, runs in controls:
+        if not runs:
+            continue  # no run of it: no control needed
+        print(f"control run for {loaded.scenario.name}, {k} process(es) (cached after the "
+              "first time)", flush=True)  # fmt: skip
+        control_digest(loaded.scenario.job, args.cache, processes=k)
     measured = measure(main_s, args.runs, out, args.cache, main_s.scenario.name, args.slurm)
+    one = (
+        measure(single, single_runs, out, args.cache, f"{base.scenario.name}-1p", args.slurm)
+        if single_runs
+        else None
+    )
     other = (
         measure(contrast, args.contrast_runs, out, args.cache, contrast.scenario.name, args.slurm)
         if args.contrast_runs
@@ -205,8 +271,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from slurm.install import choose
 
-    print(f"\n{main_s.scenario.name}: {args.runs} runs on {choose(args.slurm).describe()}")
+    print(f"\n{main_s.scenario.name}, {args.processes} processes: {args.runs} runs on "
+          f"{choose(args.slurm).describe()}")  # fmt: skip
     print(table(measured))
+    if one is not None:
+        print(f"\n{base.scenario.name}, 1 process: {single_runs} runs")
+        print(table(one))
+    print(f"\nside by side (load average {_load()})")
+    print(side_by_side(measured, one, args.processes))
     if other is not None:
         print(f"\n{contrast.scenario.name} (contrast): {args.contrast_runs} runs")
         print(table(other))
@@ -216,11 +288,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         doc = {
             "scenario": measured.__dict__,
+            "single": one.__dict__ if one else None,
             "contrast": other.__dict__ if other else None,
             "target_s": TARGET_S,
         }
         args.json.write_text(json.dumps(doc, indent=2))
     return 0 if measured.recovery and not measured.failed else 1
+
+
+def _with_processes(loaded: Loaded, processes: int) -> Loaded:
+    """``loaded`` with its job run as ``processes`` processes (one per node)."""
+    s = loaded.scenario
+    job = s.job.model_copy(update={"processes": processes})
+    return Loaded(s.model_copy(update={"job": job}), loaded.text, loaded.path)
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.1f} / {five:.1f} / {fifteen:.1f}"
 
 
 if __name__ == "__main__":

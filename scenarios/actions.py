@@ -20,7 +20,6 @@ from typing import Any
 from recovery.checkpoint.scan import committed_steps, step_path
 from recovery.errors import RecoverError, UsageError
 from recovery.httpapi.client import inject
-from recovery.proc import parent_of
 from scenarios.rig import Rig
 from scenarios.schema import FAULT_NODE, JOB_NODE, Entry
 from scenarios.watch import Watcher
@@ -41,8 +40,52 @@ class Done:
     detail: str = ""
 
 
-def carry_out(entry: Entry, rig: Rig, watch: Watcher, fault_node: str | None, say: Say) -> Done:
-    """Do ``entry`` now. ``fault_node`` is the node of the previous fault (for ``fault-node``).
+@dataclass(frozen=True)
+class Crash:
+    """The training process a fault killed before it was reported (see :func:`crash_first`)."""
+
+    nodes: list[str]
+    """Where the fault is injected (the first: where the process was killed). Chosen before
+    the kill: once the process died the job may have ended and run on no node."""
+    at: float
+    """Wall seconds of the SIGABRT."""
+    note: str
+
+    @property
+    def node(self) -> str:
+        return self.nodes[0]
+
+
+def crash_first(
+    entry: Entry, rig: Rig, watch: Watcher, fault_node: str | None, say: Say
+) -> Crash | None:
+    """For a fault that kills the training (``entry.kills_training``), SIGABRT the process on
+    the fault's node now, the moment the trigger fired: the process dies first and the agent
+    reports later, as on real hardware. None for any other entry. Raises as :func:`carry_out`.
+    """
+    if not entry.kills_training:
+        return None
+    rig.need_local("crash_training")
+    # job-node is where process 0 runs (the batch step's node); its own events say where,
+    # without the Slurm query that takes seconds on a loaded machine.
+    last = watch.last("step") if entry.where == JOB_NODE and entry.burst is None else None
+    here = last.get("node") if last else None
+    nodes = [here] if isinstance(here, str) else _targets(entry, watch, fault_node)
+    at = time.time()
+    return Crash(nodes, at, _crash_training(watch, nodes[0], say))
+
+
+def carry_out(
+    entry: Entry,
+    rig: Rig,
+    watch: Watcher,
+    fault_node: str | None,
+    say: Say,
+    crash: Crash | None = None,
+) -> Done:
+    """Do ``entry`` now. ``fault_node`` is the node of the previous fault (for ``fault-node``);
+    ``crash``: what :func:`crash_first` did for it (else a fault that kills the training
+    kills it here).
 
     Raises UsageError when the entry cannot be done here (no node runs the job, a local-only
     fault on an existing cluster), RecoverError from the coordinator or Slurm.
@@ -53,10 +96,12 @@ def carry_out(entry: Entry, rig: Rig, watch: Watcher, fault_node: str | None, sa
         return _kill_coordinator(entry, rig, say)
     if entry.fault in ("checkpoint-corrupt", "checkpoint-truncate"):
         return _damage_checkpoint(entry, watch.run_dir, say)
-    nodes = _targets(entry, watch, fault_node)
     if entry.fault == "slurmd-crash":
-        return _crash_slurmd(rig, nodes[0], say)
-    return _inject(entry, str(entry.fault), rig, watch, nodes, say)
+        return _crash_slurmd(rig, _targets(entry, watch, fault_node)[0], say)
+    if crash is None:
+        crash = crash_first(entry, rig, watch, fault_node, say)
+    nodes = crash.nodes if crash is not None else _targets(entry, watch, fault_node)
+    return _inject(entry, str(entry.fault), rig, nodes, crash, say)
 
 
 def _targets(entry: Entry, watch: Watcher, fault_node: str | None) -> list[str]:
@@ -77,11 +122,13 @@ def _targets(entry: Entry, watch: Watcher, fault_node: str | None) -> list[str]:
     return list(running[:count])
 
 
-def _inject(entry: Entry, fault: str, rig: Rig, watch: Watcher, nodes: list[str], say: Say) -> Done:
+def _inject(
+    entry: Entry, fault: str, rig: Rig, nodes: list[str], crash: Crash | None, say: Say
+) -> Done:
     done = Done(node=nodes[0])
-    if entry.kills_training:
-        rig.need_local("crash_training")
-        done.notes.append(f"{fault}: {_crash_training(watch, say)}")
+    killed_at = crash.at if crash is not None and crash.node == nodes[0] else None
+    if crash is not None:
+        done.notes.append(f"{fault}: {crash.note}")
     count = entry.repeat.count if entry.repeat else 1
     every = entry.repeat.every_s if entry.repeat else 0.0
     for i in range(count):
@@ -90,10 +137,12 @@ def _inject(entry: Entry, fault: str, rig: Rig, watch: Watcher, nodes: list[str]
             gpu = ((entry.gpu or 0) + i) % 8
         replies = _inject_on(rig, nodes, fault, gpu, entry.path)
         for node, at, reply in replies:
-            done.faults.append(
-                {"fault": fault, "node": node, "via": entry.path, "at": at,
-                 "gpu": gpu, "event_id": reply.get("event_id")}
-            )  # fmt: skip
+            record = {"fault": fault, "node": node, "via": entry.path, "at": at,
+                      "gpu": gpu, "event_id": reply.get("event_id")}  # fmt: skip
+            if killed_at is not None and i == 0 and node == nodes[0]:
+                # The fault happened when the process died; the report measures from there.
+                record.update(at=killed_at, injected_at=at, killed="training process")
+            done.faults.append(record)
         if i == 0 or i == count - 1:
             more = f" ({i + 1} of {count})" if count > 1 else ""
             say(f"injected {fault} on {', '.join(nodes)} via {entry.path}{more}")
@@ -102,21 +151,19 @@ def _inject(entry: Entry, fault: str, rig: Rig, watch: Watcher, nodes: list[str]
     return done
 
 
-def _crash_training(watch: Watcher, say: Say) -> str:
-    """What a GPU falling off the bus does to the job: the training process dies at once
-    (SIGKILL: nothing is saved) and the job hangs rather than ends (its batch shell is held
-    with SIGSTOP), until the toolkit takes the node out and Slurm requeues the job (Slurm
-    continues and kills the job's processes then). A batch shell left to see its training
-    die would end the job as FAILED, which no requeue brings back."""
-    pid = watch.training_pid()
+def _crash_training(watch: Watcher, node: str, say: Say) -> str:
+    """What a GPU falling off the bus does to the job (DESIGN.md's failure model): the driver
+    kills the CUDA work on that node, so the training process there dies at once with
+    SIGABRT (abnormal exit, nothing saved). slurmd, the batch shell and the job's processes on
+    the other nodes are left alone: those stop by themselves when their peer is lost, srun's
+    step ends with the dead process's status and the job ends FAILED; the coordinator's
+    requeue of a job a fault ended (or Slurm's own, for a node it lost) brings it back."""
+    pid = watch.training_pid_on(node)
     if pid is None:
-        return "no training process was running to crash"
-    shell = parent_of(pid)
-    if shell is not None and shell > 1:
-        os.kill(shell, signal.SIGSTOP)
-    os.kill(pid, signal.SIGKILL)
-    say(f"training process {pid} SIGKILLed, its batch shell {shell} held: the GPU is gone")
-    return f"training process {pid} SIGKILLed and batch shell {shell} stopped with the fault"
+        return f"no training process was running on {node} to crash"
+    os.kill(pid, signal.SIGABRT)
+    say(f"training process {pid} on {node} SIGABRTed: its GPU is gone")
+    return f"training process {pid} on {node} SIGABRTed with the fault (no save)"
 
 
 def _inject_on(

@@ -10,6 +10,7 @@ folder renamed into place, so two runs computing the same control never see half
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 import recovery
 from recovery import fsutil
 from recovery.errors import RecoverError
+from recovery.proc import free_ports
 from scenarios.schema import JobSpec
 
 #: Runs ``recover train`` with these options; returns (exit status, stderr).
@@ -32,14 +34,18 @@ Train = Callable[[Sequence[str]], tuple[int, str]]
 _CODE = Path(recovery.__file__).resolve().parent
 
 
-def cache_key(job: JobSpec) -> str:
-    """16 hex digits naming the control run of ``job``'s training configuration."""
-    doc = {
+def cache_key(job: JobSpec, processes: int = 1) -> str:
+    """16 hex digits naming the control run of ``job``'s training configuration run as
+    ``processes`` processes (the sum of the gradients is reduced in another order with
+    another count, so the digest depends on it)."""
+    doc: dict[str, object] = {
         "model": job.model,
         "steps": job.steps,
         "seed": job.seed,
         "code": code_fingerprint(),
     }
+    if processes > 1:  # one process keeps the keys (and the caches) it always had
+        doc["processes"] = processes
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -69,13 +75,50 @@ def run_train(args: Sequence[str]) -> tuple[int, str]:
     return done.returncode, done.stderr
 
 
-def control_digest(job: JobSpec, cache: Path, *, train: Train = run_train) -> str:
-    """The final state digest of ``job``'s training run without interruption: from the cache,
-    else computed now with ``train`` and cached.
+def run_train_ranks(args: Sequence[str], processes: int) -> tuple[int, str]:
+    """``python -m recovery train ARGS`` as ``processes`` processes on this machine, joined
+    through a rendezvous on the loopback (the launcher contract of docs/multiprocess.md).
+    Returns the first non-zero exit status (0 when all succeeded) and every process's stderr.
+    """
+    if processes == 1:
+        return run_train(args)
+    port = free_ports(1)[0]
+    children = []
+    for rank in range(processes):
+        env = dict(os.environ)
+        env.update(RECOVER_NUM_PROCESSES=str(processes), RECOVER_PROCESS_ID=str(rank),
+                   RECOVER_RENDEZVOUS=f"127.0.0.1:{port}")  # fmt: skip
+        for key in [k for k in env if k.startswith("SLURM_")]:
+            del env[key]  # not a step of the caller's job, if it runs in one
+        children.append(subprocess.Popen(
+            [sys.executable, "-m", "recovery", "train", *args], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        ))  # fmt: skip
+    errors, statuses = [], []
+    for rank, child in enumerate(children):
+        try:
+            _, err = child.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            _, err = child.communicate()
+        statuses.append(child.returncode)
+        if child.returncode:
+            errors.append(f"process {rank} (exit {child.returncode}): {err[-1500:]}")
+    return next((s for s in statuses if s), 0), "\n".join(errors)
+
+
+def control_digest(
+    job: JobSpec, cache: Path, *, processes: int = 1, train: Train | None = None
+) -> str:
+    """The final state digest of ``job``'s training run without interruption, as
+    ``processes`` processes: from the cache, else computed now with ``train`` (default: run
+    the trainer as that many local processes) and cached.
 
     Raises RecoverError with the trainer's error output when the run fails.
     """
-    d = cache / cache_key(job)
+    if train is None:
+        train = functools.partial(run_train_ranks, processes=processes)
+    d = cache / cache_key(job, processes)
     cached = d / "digest"
     if cached.exists():
         return cached.read_text().strip()
@@ -94,7 +137,10 @@ def control_digest(job: JobSpec, cache: Path, *, train: Train = run_train) -> st
         digest = _final_digest(run / "events.jsonl")
         shutil.rmtree(run)  # its checkpoint is not needed, only the digest
         fsutil.atomic_write(work / "digest", (digest + "\n").encode())
-        config = json.dumps(job.model_dump(include={"model", "steps", "seed"}), sort_keys=True)
+        config = json.dumps(
+            {**job.model_dump(include={"model", "steps", "seed"}), "processes": processes},
+            sort_keys=True,
+        )
         fsutil.atomic_write(work / "config.json", (config + "\n").encode())
         try:
             os.rename(work, d)
@@ -123,17 +169,20 @@ def _final_digest(events: Path) -> str:
 class Background:
     """:func:`control_digest` on a thread, so the control trains while the cluster starts."""
 
-    def __init__(self, job: JobSpec, cache: Path, *, train: Train = run_train) -> None:
+    def __init__(
+        self, job: JobSpec, cache: Path, *, processes: int = 1, train: Train | None = None
+    ) -> None:
         self._result: str | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
-            target=self._work, args=(job, cache, train), name="control-run", daemon=True
-        )
+            target=self._work, args=(job, cache, processes, train), name="control-run",
+            daemon=True,
+        )  # fmt: skip
         self._thread.start()
 
-    def _work(self, job: JobSpec, cache: Path, train: Train) -> None:
+    def _work(self, job: JobSpec, cache: Path, processes: int, train: Train | None) -> None:
         try:
-            self._result = control_digest(job, cache, train=train)
+            self._result = control_digest(job, cache, processes=processes, train=train)
         except BaseException as e:  # handed to the caller of result()
             self._error = e
 

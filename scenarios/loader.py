@@ -79,6 +79,24 @@ def load_text(text: str, source: str, *, default_name: str) -> Scenario:
     return scenario
 
 
+def _process_problems(s: Scenario, job_nodes: int) -> list[tuple[Loc, str]]:
+    """More processes than the job (or the cluster) has nodes; a batch that does not divide."""
+    from recovery.train.model import MODELS  # the schema checked the name already
+
+    count = s.job.process_count(min(job_nodes, s.cluster.nodes))
+    fits = min(job_nodes, s.cluster.nodes)
+    if count > fits:
+        return [(("job", "processes"), f"{count} processes, one per node, but the job has "
+                 f"{fits} node(s) (cluster.nodes {s.cluster.nodes}, job.nodes {s.job.nodes}): "
+                 f"ask for at most {fits}, or for more nodes")]  # fmt: skip
+    batch = MODELS[s.job.model].batch_size
+    if batch % count:
+        fit = [m for m, spec in MODELS.items() if spec.batch_size % count == 0]
+        return [(("job", "model"), f"{s.job.model}'s batch of {batch} does not divide over "
+                 f"{count} processes; models whose batch does: {', '.join(fit)}")]  # fmt: skip
+    return []
+
+
 def semantic_problems(s: Scenario) -> list[tuple[Loc, str]]:
     """What the schema alone cannot see: node names against the cluster, a burst larger than
     the job, local-only faults on an existing cluster. ``(location, message)`` pairs."""
@@ -101,6 +119,7 @@ def semantic_problems(s: Scenario) -> list[tuple[Loc, str]]:
     if job_nodes > c.nodes:
         problems.append((("job", "nodes"), f"asks for {job_nodes} nodes; the cluster has "
                          f"{c.nodes} in service"))  # fmt: skip
+    problems += _process_problems(s, job_nodes)
     valid = [*names, *spares, JOB_NODE, FAULT_NODE]
     for i, e in enumerate(s.faults):
         if e.node is not None and e.node not in valid:

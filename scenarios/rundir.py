@@ -2,12 +2,14 @@
 
 * ``run.json`` - format 1: ``scenario``, ``started``/``finished`` (wall seconds), ``cluster``
   (``nodes`` in service at start, ``spares``), ``job`` (``id``, ``nodes``, ``steps``,
-  ``save_every``, ``model``, ``run_dir``), ``faults`` (``fault``, ``node``: ``""`` for a
+  ``save_every``, ``model``, ``run_dir``, ``processes``: how many training processes, one
+  per node), ``faults`` (``fault``, ``node``: ``""`` for a
   checkpoint damaged or the coordinator killed, ``via``, ``at``: wall seconds when injected;
   more keys where they apply: ``gpu``, ``event_id``, ``step``),
   ``control_digest``, ``final_digest`` (hex or null) and free-text ``notes``;
 * ``incidents.json`` - the journal's incidents as ``GET /v1/incidents/{id}`` returns them;
-* ``events.jsonl`` - a copy of the training job's events;
+* ``events.jsonl`` - a copy of the training job's events (process 0's), and
+  ``events.rank<r>.jsonl`` of each other process of a multi-process job;
 * ``scenario.yaml`` - the scenario as it was given;
 * ``result.json`` - the expectations and how each fared (written by the runner, last);
 * ``job/`` - the job's own run directory (checkpoints, events) and ``job-<id>.out``;
@@ -43,6 +45,7 @@ class RunRecord:
     spares: list[str] = field(default_factory=list)
     job_id: str | None = None
     job_nodes: list[str] = field(default_factory=list)
+    processes: int = 1
     faults: list[dict[str, Any]] = field(default_factory=list)
     control_digest: str | None = None
     final_digest: str | None = None
@@ -62,6 +65,7 @@ class RunRecord:
                 "save_every": self.save_every,
                 "model": self.model,
                 "run_dir": str(self.run_dir),
+                "processes": self.processes,
             },
             "faults": self.faults,
             "control_digest": self.control_digest,
@@ -74,10 +78,11 @@ def write(out: Path, record: RunRecord, incidents: Sequence[dict[str, Any]]) -> 
     """Write ``run.json``, ``incidents.json`` and the copy of ``events.jsonl`` into ``out``
     (each atomically). The scenario's text is written at the start of the run."""
     out.mkdir(parents=True, exist_ok=True)
-    events = record.run_dir / "events.jsonl"
-    if events.exists():
-        shutil.copyfile(events, out / ".events.jsonl.tmp")
-        (out / ".events.jsonl.tmp").replace(out / "events.jsonl")
+    for events in [record.run_dir / "events.jsonl", *record.run_dir.glob("events.rank*.jsonl")]:
+        if events.exists():
+            tmp = out / f".{events.name}.tmp"
+            shutil.copyfile(events, tmp)
+            tmp.replace(out / events.name)
     _json(out / "incidents.json", list(incidents))
     _json(out / "run.json", record.to_json())
 

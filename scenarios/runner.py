@@ -25,7 +25,7 @@ from recovery.ports.journal import PhaseName
 from recovery.spares import is_spare
 from recovery.wiring import SlurmAccess
 from scenarios import rundir
-from scenarios.actions import carry_out
+from scenarios.actions import carry_out, crash_first
 from scenarios.control import Background, compile_cache
 from scenarios.expect import Check, OperatorAnswer, Outcome, check, progress
 from scenarios.loader import Loaded, dotted, semantic_problems
@@ -38,6 +38,11 @@ from slurm.sbatch import submit_training
 Say = Callable[[str], None]
 #: How long the runner waits, after the job ended, for the coordinator to close incidents.
 SETTLE_S = 20.0
+#: Seconds a job that ended other than COMPLETED must stay ended (incidents all closed)
+#: before the runner takes it as the end: the coordinator requeues a job a fault ended.
+ENDED_SETTLE_S = 15.0
+#: Seconds between full polls while a step trigger reads only the events file.
+LIGHT_FULL_S = 3.0
 #: Exit status of ``recover scenario run`` when the scenario ran but an expectation failed.
 EXPECTATION_FAILED = 10
 
@@ -117,9 +122,14 @@ def run(loaded: Loaded, opts: RunOptions) -> RunResult:
     j = s.job
     rec = rundir.RunRecord(s.name, t0, j.steps, j.save_every, j.model, out / "job")
     say(f"scenario {s.name}: {s.description}")
-    control = Background(j, opts.cache) if s.expect.digest_matches_control else None
+    control = None
+    if existing is None and s.expect.digest_matches_control:
+        # Started before the cluster, so the control trains while the daemons come up.
+        control = Background(j, opts.cache, processes=_processes(s, s.cluster.nodes))
     if existing is not None:
         rig, root = attach(existing, opts.env, say, opts.slurm), None
+        if s.expect.digest_matches_control:
+            control = Background(j, opts.cache, processes=_processes(s, len(rig.nodes)))
     else:
         root = cluster_root(out, s.cluster)
         rig = bring_up(s.cluster, root, say, opts.slurm, opts.env)
@@ -228,8 +238,27 @@ def _check_existing(s: Scenario, existing: ExistingCluster) -> None:
         )
 
 
+def _job_nodes(s: Scenario, in_service: int) -> int:
+    """Nodes the job asks for on a cluster with ``in_service`` nodes."""
+    return in_service if s.job.nodes == "all" else int(s.job.nodes)
+
+
+def _processes(s: Scenario, in_service: int) -> int:
+    """Training processes of the job (one per node) on a cluster of ``in_service`` nodes.
+
+    Raises UsageError when they are more than the job's nodes (an existing cluster smaller
+    than the file assumed), naming what fits."""
+    nodes = _job_nodes(s, in_service)
+    count = s.job.process_count(nodes)
+    if count > nodes:
+        raise UsageError(f"job.processes {count}: one process runs per node and the job has "
+                         f"{nodes} node(s); ask for at most {nodes}")  # fmt: skip
+    return count
+
+
 def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say) -> Watcher:
-    count = len(rig.nodes) if s.job.nodes == "all" else int(s.job.nodes)
+    count = _job_nodes(s, len(rig.nodes))
+    processes = _processes(s, len(rig.nodes))
     command = [
         sys.executable, "-m", "recovery", "train", "--run-dir", str(rec.run_dir),
         *s.training_args(), "--step-sleep", str(s.job.step_sleep),
@@ -240,10 +269,12 @@ def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say)
         rig.slurm,
         command,
         sbatch_args=[f"--nodes={count}", f"--output={out}/job-%j.out", f"--chdir={out}"],
+        processes=processes,
     )
     rec.job_id = job_id
-    say(f"job {job_id} submitted: {count} node(s), {s.job.model} to step {s.job.steps}, "
-        f"checkpoint every {s.job.save_every}")  # fmt: skip
+    rec.processes = processes
+    say(f"job {job_id} submitted: {count} node(s), {processes} process(es), {s.job.model} "
+        f"to step {s.job.steps}, checkpoint every {s.job.save_every}")  # fmt: skip
     return Watcher(rec.run_dir, job_id, rig.slurm, rig.client, say)
 
 
@@ -271,14 +302,25 @@ def _drive(
         when, since = entry.when, mark
         what = f"entry {i} ({entry.label}) to trigger: {when.describe()}"
         fatal_end = when.trigger[0] in ("step", "checkpoint", "job")
-        _wait(watch, deadline, what, partial(_fired, when, watch, since), fatal_end=fatal_end)
+        # A step or checkpoint trigger reads only the events file between the slower polls
+        # (a Slurm query, a request): on a loaded machine those take seconds, and a fault
+        # meant for step N would land steps later.
+        light = when.trigger[0] in ("step", "checkpoint")
+        _wait(watch, deadline, what, partial(_fired, when, watch, since), fatal_end=fatal_end,
+              light=light)  # fmt: skip
         if when.delay_s:
             until = time.monotonic() + when.delay_s
             _wait(watch, deadline, f"{when.delay_s:g} s more", partial(_past, until))
-        # Counted before acting: an incident may open within milliseconds of the fault.
-        watch.poll(force=True)
+        # A fault that kills the training kills it the moment the trigger fired (the
+        # bookkeeping below takes seconds on a loaded machine; the job may be done by then).
+        crash = crash_first(entry, rig, watch, fault_node, say)
+        # Counted before acting: an incident may open within milliseconds of the fault. After
+        # a kill the fault's report follows at once, as on real hardware, so the count is the
+        # last poll's (at most LIGHT_FULL_S old): a fresh poll takes seconds under load.
+        if crash is None:
+            watch.poll(force=True)
         before = len(watch.incidents)
-        done = carry_out(entry, rig, watch, fault_node, say)
+        done = carry_out(entry, rig, watch, fault_node, say, crash)
         rec.faults += done.faults
         rec.notes += done.notes
         if entry.fault is not None and done.node is not None:
@@ -288,7 +330,7 @@ def _drive(
                                           entry.expect, done.answer, done.detail))  # fmt: skip
         at_fault = before if entry.fault is not None else mark.at_fault
         mark = _Mark(time.monotonic(), before, at_fault, watch.count("started"))
-    _wait(watch, deadline, "the job to end", lambda: watch.job is not None and watch.job.finished)
+    _wait(watch, deadline, "the job to end", partial(_job_over, watch, {}))
     settle = min(deadline, time.monotonic() + SETTLE_S)
     try:
         _wait(watch, settle, "the incidents to close", lambda: _all_closed(watch))
@@ -322,6 +364,21 @@ def _fired(when: When, watch: Watcher, mark: _Mark) -> bool:
     return any(p["name"] == PhaseName.held for i in incidents for p in i["phases"])
 
 
+def _job_over(watch: Watcher, since: dict[str, float]) -> bool:
+    """Whether the job is over for good: COMPLETED, or ended otherwise (FAILED when a fault
+    killed its training, NODE_FAIL) and still ended :data:`ENDED_SETTLE_S` later with every
+    incident closed: a job a fault ended is requeued by the coordinator, so a first FAILED
+    is not the end. ``since`` keeps when it was first seen ended."""
+    job = watch.job
+    if job is None or not job.finished:
+        since.clear()
+        return False
+    if job.state == "COMPLETED":
+        return True
+    first = since.setdefault("at", time.monotonic())
+    return time.monotonic() - first >= ENDED_SETTLE_S and _all_closed(watch)
+
+
 def _past(mono: float) -> bool:
     return time.monotonic() >= mono
 
@@ -343,11 +400,18 @@ def _wait(
     *,
     fatal_end: bool = False,
     interval_s: float = 0.1,
+    light: bool = False,
 ) -> None:
     """Poll until ``done()``; ScenarioTimeout past ``deadline`` (monotonic). With
-    ``fatal_end``, a job that ended first makes the wait fail at once (it cannot come true)."""
+    ``fatal_end``, a job that ended first makes the wait fail at once (it cannot come true).
+    ``light``: read only the job's events, with a full poll every :data:`LIGHT_FULL_S`."""
+    full_at = 0.0
     while True:
-        watch.poll()
+        if not light or time.monotonic() >= full_at:
+            watch.poll()
+            full_at = time.monotonic() + LIGHT_FULL_S
+        else:
+            watch.poll_events()
         if done():
             return
         if fatal_end and watch.job is not None and watch.job.finished:

@@ -41,7 +41,11 @@ Top level
     steps), ``model`` (default ``mlp-tiny``; a ``recover train --model`` preset), ``seed``
     (default 0), ``step_sleep`` (seconds after each step, default 0.2), ``nodes``: how many
     nodes the job asks for, default ``all`` = every in-service node of the partition, so once
-    a node is lost the job can only run again when a spare is promoted.
+    a node is lost the job can only run again when a spare is promoted. ``processes``: how
+    many training processes, one per node on the job's first nodes (``recover sbatch -N K``,
+    joined by ``jax.distributed``); default ``per-node``, one on every node of the job; ``1``
+    runs a single process on the first node. More than the job's nodes is refused, naming
+    what fits, and so is a model whose batch does not divide over the processes.
 
 ``faults`` - *required*, carried out in order; each entry is a fault or an operator action
     ``fault``: a fault code of the catalogue (``xid79``, ``gpu-lost``, ``tpu-runtime-error``,
@@ -66,10 +70,13 @@ Top level
     ``gpu-lost`` only); both go through ``POST /v1/inject``, the path of ``recover inject``.
     ``gpu`` (0-7). ``repeat: {count, every_s, across_gpus}``: inject it ``count`` times,
     ``every_s`` seconds apart, on GPU 0, 1, ... when ``across_gpus`` (else the agent folds
-    the repeats). ``crash_training``: just before the fault, SIGKILL the job's training
-    process and hold its batch shell (SIGSTOP), as a GPU falling off the bus kills the process
-    and hangs the job until the node is taken out; default true for faults the catalogue says
-    cannot save (``xid79``, ``gpu-lost``), false otherwise (then the job saves on its way out).
+    the repeats). ``crash_training``: just before the fault, SIGABRT the training process on
+    the faulted node, as the driver kills CUDA work when a GPU falls off the bus: it exits
+    abnormally (134) without saving, while slurmd, the batch shell and the job's other
+    processes are left alone (they stop by themselves when their peer is lost, and the job
+    ends FAILED for the coordinator to requeue); default true for faults the catalogue says
+    cannot save (``xid79``, ``gpu-lost``, ...), false otherwise (the job saves on its way out).
+    Only ``slurmd-crash`` stops a whole node.
 
     ``when`` (default ``{after_s: 0}``), exactly one of: ``step: N`` (the job finished step
     N), ``checkpoint: N`` (a checkpoint of step N or later is durable), ``after_s: S`` (S
@@ -90,7 +97,7 @@ Top level
     ``out_of_service: [nodes]`` (out of service at the end, not back in the pool);
     ``in_service: [nodes]`` (in service at the end: kept, or returned and promoted);
     ``phases: {name: seconds}``: budgets for the report's phases of every incident
-    (``detection``, ``take_out``, ``requeue_wait``, ``replacement``, ``job_restart``,
+    (``detection``, ``stall``, ``take_out``, ``requeue_wait``, ``replacement``, ``job_restart``,
     ``restore``, ``warmup``, ``recompute``, ``no_progress``).
 """
 
@@ -159,8 +166,21 @@ def _nodes_wanted(value: object) -> object:
     raise ValueError(f"expected 'all' or a whole number >= 1, got {value!r}")
 
 
+#: ``job.processes``: one training process on every node of the job.
+PER_NODE = "per-node"
+
+
+def _processes_wanted(value: object) -> object:
+    if value == PER_NODE or (
+        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 16
+    ):
+        return value
+    raise ValueError(f"expected '{PER_NODE}' or a whole number 1-16, got {value!r}")
+
+
 OneLine = Annotated[str, BeforeValidator(_one_line)]
 NodesWanted = Annotated[int | str, BeforeValidator(_nodes_wanted)]
+ProcessesWanted = Annotated[int | str, BeforeValidator(_processes_wanted)]
 
 
 class _Strict(BaseModel):
@@ -221,6 +241,11 @@ class JobSpec(_Strict):
     seed: Annotated[int, Field(ge=0)] = 0
     step_sleep: Annotated[float, Field(ge=0, le=10)] = 0.2
     nodes: NodesWanted = "all"
+    processes: ProcessesWanted = PER_NODE
+
+    def process_count(self, job_nodes: int) -> int:
+        """How many training processes run for a job of ``job_nodes`` nodes."""
+        return job_nodes if self.processes == PER_NODE else int(self.processes)
 
     @field_validator("model")
     @classmethod
@@ -360,7 +385,7 @@ class Entry(_Strict):
 
     @property
     def kills_training(self) -> bool:
-        """Whether the training process is SIGKILLed just before the fault (see the module
+        """Whether the faulted node's training process is SIGABRTed with the fault (see the module
         docstring: default from the catalogue's ``can_save``)."""
         if self.fault is None or self.fault in SPECIAL_FAULTS:
             return False

@@ -70,6 +70,10 @@ class Watcher:
             self._next_job = now + self.job_every_s
             self._read_job()
 
+    def poll_events(self) -> None:
+        """Read only what is new in the job's events file (a local read: cheap)."""
+        self._read_events()
+
     def _read_events(self) -> None:
         path = self.run_dir / "events.jsonl"
         try:
@@ -186,6 +190,21 @@ class Watcher:
         pid = int(text) if text.isdigit() else 0
         return pid if pid > 0 and proc.alive(pid) else None
 
+    def training_pid_on(self, node: str) -> int | None:
+        """The pid of the live training process on ``node`` (any rank's), else None: the
+        newest process whose event log says it runs there (every event carries its pid and
+        node; process 0 writes ``events.jsonl``, rank r ``events.rank<r>.jsonl``)."""
+        candidates: list[tuple[float, int]] = []
+        for path in [self.run_dir / "events.jsonl", *self.run_dir.glob("events.rank*.jsonl")]:
+            for e in _tail_events(path):
+                pid = e.get("pid")
+                if e.get("node") == node and isinstance(pid, int):
+                    candidates.append((float(e.get("ts", 0.0)), pid))
+        for _, pid in sorted(candidates, reverse=True):
+            if proc.alive(pid):
+                return pid
+        return None
+
     def running_nodes(self) -> tuple[str, ...]:
         """The job's nodes while it runs (the batch step's node first), else ()."""
         self._read_job()
@@ -199,3 +218,22 @@ class Watcher:
         if job is None or not self.job_was_running or self.training_pid() is not None:
             return False
         return job.state == "PENDING"
+
+
+def _tail_events(path: Path, size: int = 65536) -> list[dict[str, Any]]:
+    """The parseable event lines in the last ``size`` bytes of ``path`` ([] when absent)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - size))
+            chunk = f.read()
+    except OSError:
+        return []
+    out = []
+    for line in chunk.split(b"\n"):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue  # the first, cut line of the window, or one cut by a kill
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out

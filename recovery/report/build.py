@@ -8,7 +8,7 @@ from recovery.errors import UsageError
 from recovery.model import Drain, TakeDown
 from recovery.ports.journal import PhaseName
 from recovery.ports.slurm import mark
-from recovery.report.goodput import goodput
+from recovery.report.goodput import goodput_ranks
 from recovery.report.model import ActionLine, IncidentReport, Report
 from recovery.report.phases import incident_phases, match_fault
 from recovery.report.processes import Process, split_processes
@@ -106,8 +106,10 @@ def _taken_out_as(incident: Incident) -> str | None:
     return "DOWN" if taken[0].kind == TakeDown.kind else "DRAIN"
 
 
-def _incident(inc: Incident, run: RunRecord, processes: Sequence[Process]) -> IncidentReport:
-    ph = incident_phases(inc, run, processes)
+def _incident(
+    inc: Incident, run: RunRecord, processes: Sequence[Process], ranks: Sequence[Sequence[Process]]
+) -> IncidentReport:
+    ph = incident_phases(inc, run, processes, ranks)
     lines = [
         ActionLine(
             kind=a.kind,
@@ -155,6 +157,8 @@ def _incident(inc: Incident, run: RunRecord, processes: Sequence[Process]) -> In
         returned_to_pool=returned is not None,
         successor_index=ph.successor,
         notes=_notes(inc, ph.fault_at),
+        chain=ph.chain,
+        stopped=ph.stopped,
     )
 
 
@@ -163,8 +167,10 @@ def build_report(run: RunRecord) -> Report:
     over the run goodput and badput (see :mod:`recovery.report.goodput`). Never raises on a
     well-formed record; what the record lacks shows as None with the reason."""
     processes = split_processes(run.events)
+    ranks = tuple(tuple(split_processes(e)) for e in run.ranks)
     incidents = tuple(
-        _incident(inc, run, processes) for inc in sorted(run.incidents, key=lambda i: i.opened)
+        _incident(inc, run, processes, ranks)
+        for inc in sorted(run.incidents, key=lambda i: i.opened)
     )
     matched = {id(f) for inc in run.incidents if (f := match_fault(inc, run.faults))}
     last = processes[-1] if processes else None
@@ -184,7 +190,7 @@ def build_report(run: RunRecord) -> Report:
         spares=run.spares,
         incidents=incidents,
         unmatched_faults=tuple(f for f in run.faults if id(f) not in matched),
-        goodput=goodput(processes, run.started, run.finished),
+        goodput=goodput_ranks(ranks, run.started, run.finished),
         processes=tuple(processes),
         completed=completed,
         final_step=last.final_step if last else None,
@@ -192,4 +198,5 @@ def build_report(run: RunRecord) -> Report:
         final_digest=run.final_digest,
         digest_match=digest_match,
         notes=run.notes,
+        ranks=ranks,
     )

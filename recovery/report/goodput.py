@@ -18,6 +18,10 @@ exactly one bucket, so the buckets and the productive time add up to the wall ti
   the last process stopped short of completing;
 * other: whatever is left (after the job completed, gaps the log does not explain).
 
+A job of K processes (one per node) is accounted in process-seconds: each process's time is
+cut into the buckets as above from its own event log, and the totals are summed, so the
+wall time counts K times (what K nodes were held for) and the shares stay fractions of it.
+
 Pure: processes in, seconds out.
 """
 
@@ -57,12 +61,16 @@ class Bucket:
 @dataclass(frozen=True)
 class Goodput:
     wall_s: float
+    """Wall time of the run times ``processes``: process-seconds."""
     productive_s: float
     goodput: float
     """``productive_s / wall_s`` (0 for an empty run)."""
     badput: tuple[Bucket, ...]
     """Every bucket of :data:`BADPUT`, in that order; with ``productive_s`` they sum to
     ``wall_s``."""
+
+    processes: int = 1
+    """Training processes accounted (one per rank of the job)."""
 
     def bucket(self, name: str) -> Bucket:
         return next(b for b in self.badput if b.name == name)
@@ -134,10 +142,17 @@ def spans(processes: Sequence[Process], started: float, finished: float) -> list
 
 def goodput(processes: Sequence[Process], started: float, finished: float) -> Goodput:
     """Goodput and the badput buckets of the run ``started..finished`` (wall seconds)."""
-    wall = max(0.0, finished - started)
+    return goodput_ranks((processes,), started, finished)
+
+
+def goodput_ranks(ranks: Sequence[Sequence[Process]], started: float, finished: float) -> Goodput:
+    """Goodput and badput of a job of ``len(ranks)`` processes (each rank's runs), in
+    process-seconds: each rank's spans summed (see the module docstring)."""
+    wall = max(0.0, finished - started) * max(1, len(ranks))
     totals = dict.fromkeys((PRODUCTIVE, *BADPUT), 0.0)
-    for begin, end, label in spans(processes, started, finished):
-        totals[label] += end - begin
+    for processes in ranks or ((),):
+        for begin, end, label in spans(processes, started, finished):
+            totals[label] += end - begin
 
     def share(s: float) -> float:
         return s / wall if wall > 0 else 0.0
@@ -147,4 +162,5 @@ def goodput(processes: Sequence[Process], started: float, finished: float) -> Go
         productive_s=totals[PRODUCTIVE],
         goodput=share(totals[PRODUCTIVE]),
         badput=tuple(Bucket(name, totals[name], share(totals[name])) for name in BADPUT),
+        processes=max(1, len(ranks)),
     )

@@ -40,8 +40,8 @@ class IncidentReport:
     interrupted: str
     """How the process running at the fault ended, in words (empty when none was)."""
     recovery_s: float | None
-    """Fault to the first update of the restarted process beginning: the chain of phases
-    from ``detection`` to ``warmup``."""
+    """Fault to the first update of the restarted process beginning: the sum of the phases
+    named in ``chain``."""
     phases: dict[str, float | None]
     """Seconds for each of :data:`recovery.report.phases.PHASES`; None when it did not
     happen (see ``why``)."""
@@ -71,6 +71,12 @@ class IncidentReport:
     """Index in :attr:`Report.processes` of the process that restarted after the fault."""
     notes: tuple[str, ...]
     """What the phases alone do not tell (an empty spare pool, actions held)."""
+    chain: tuple[str, ...] = ()
+    """The phases that add up to ``recovery_s`` (``stall`` or ``detection`` and
+    ``take_out``, then ``requeue_wait`` to ``warmup``)."""
+    stopped: tuple[float | None, ...] = ()
+    """Per rank: when its process running at the fault stopped (wall seconds; None: not
+    running at the fault, or it ran on to completion)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,9 @@ class Report:
     digest_match: bool | None
     """Whether the final state equals the uninterrupted control run's (None: unknown)."""
     notes: tuple[str, ...]
+    ranks: tuple[tuple[Process, ...], ...] = ()
+    """Every training process's runs, by rank (rank 0's are ``processes``); one entry for a
+    one-process job."""
 
     @property
     def wall_s(self) -> float:
@@ -103,22 +112,24 @@ class Report:
         """JSON-ready form (``report.json``); processes without their per-step lists."""
         doc = dataclasses.asdict(self)
         doc["wall_s"] = self.wall_s
-        doc["processes"] = [
-            {
-                "index": p.index,
-                "node": p.node,
-                "restart_count": p.restart_count,
-                "started": p.started,
-                "end": p.end,
-                "outcome": p.outcome,
-                "restored_step": p.restored_step,
-                "restore_s": p.restore_s,
-                "fallbacks": [dataclasses.asdict(f) for f in p.fallbacks],
-                "first_step": p.steps[0].step if p.steps else None,
-                "last_step": p.steps[-1].step if p.steps else None,
-                "updates": len(p.steps),
-                "checkpoints": [c.step for c in p.checkpoints],
-            }
-            for p in self.processes
-        ]
+        doc["processes"] = [_process_json(p) for p in self.processes]
+        doc["ranks"] = [[_process_json(p) for p in procs] for procs in self.ranks]
         return doc
+
+
+def _process_json(p: Process) -> dict[str, Any]:
+    return {
+        "index": p.index,
+        "node": p.node,
+        "restart_count": p.restart_count,
+        "started": p.started,
+        "end": p.end,
+        "outcome": p.outcome,
+        "restored_step": p.restored_step,
+        "restore_s": p.restore_s,
+        "fallbacks": [dataclasses.asdict(f) for f in p.fallbacks],
+        "first_step": p.steps[0].step if p.steps else None,
+        "last_step": p.steps[-1].step if p.steps else None,
+        "updates": len(p.steps),
+        "checkpoints": [c.step for c in p.checkpoints],
+    }

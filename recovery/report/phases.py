@@ -2,13 +2,19 @@
 
 The chain from the fault to training again, each phase starting where the one before ended::
 
-    fault ─detection─► decided ─take_out─► node down/drained ─requeue_wait─► job running
-    again in Slurm ─job_restart─► process started ─restore─► restored ─warmup─► first update
-    begins ─recompute─► the step reached before the restart is reached again
+    fault ─detection─► decided ─take_out─► node down/drained ─┐
+    fault ─stall─► every process of the job stopped ──────────┴─ the later of the two
+    ─requeue_wait─► job running again in Slurm ─job_restart─► process started ─restore─►
+    restored ─warmup─► first update begins ─recompute─► the step reached before is reached again
 
-``replacement`` (fault to spare promoted) runs beside the chain, and ``no_progress`` covers it
-all: from the last update before the restart to the first update beyond it. Durations are in
-seconds; a phase that did not happen is None and :attr:`IncidentPhases.why` says why.
+Slurm can run the job again only once the node is out *and* every process of the job has
+stopped (the others stop by themselves when one dies: see docs/multiprocess.md), so the chain
+goes through whichever came later: ``stall`` (fault to the last process stopped) or
+``detection`` + ``take_out``. :attr:`IncidentPhases.chain` names the phases of this
+incident's chain; they add up to fault -> training again. ``replacement`` (fault to spare
+promoted) runs beside the chain, and ``no_progress`` covers it all: from the last update
+before the restart to the first update beyond it. Durations are in seconds; a phase that did
+not happen is None and :attr:`IncidentPhases.why` says why.
 Pure: records in, numbers out.
 """
 
@@ -28,6 +34,7 @@ from recovery.report.run import Fault, Incident, RunRecord
 #: Literal so that a scenario's ``expect.phases`` can answer a misspelt one with the names.
 ReportPhase = Literal[
     "detection",
+    "stall",
     "take_out",
     "requeue_wait",
     "replacement",
@@ -63,6 +70,11 @@ class IncidentPhases:
     spare: str | None
     successor: int | None
     """Index of the process that restarted after the fault, if any."""
+    chain: tuple[str, ...] = ()
+    """The phases that add up to fault -> training again (first update of the restart)."""
+    stopped: tuple[float | None, ...] = ()
+    """Per rank: when its process running at the fault stopped (wall seconds; None: it was
+    not running, or ran on to completion)."""
 
 
 @dataclass(frozen=True)
@@ -158,10 +170,51 @@ def _restart(
     return _Restart(succ, high, last, recomputed, caught, beyond.ts if beyond else None)
 
 
+def _stopped(ranks: Sequence[Sequence[Process]], fault_at: float) -> tuple[float | None, ...]:
+    """Per rank, when its process that was running at ``fault_at`` stopped: its last event,
+    never before the fault (a process killed by it wrote nothing after its last update).
+    None for a rank with no process started before the fault, or one that completed."""
+    out: list[float | None] = []
+    for procs in ranks:
+        live = [p for p in procs if p.started <= fault_at]
+        if not live or live[-1].outcome == "completed":
+            out.append(None)
+        else:
+            out.append(max(fault_at, live[-1].end))
+    return tuple(out)
+
+
+def _stopped_alone(ranks: Sequence[Sequence[Process]], fault_at: float) -> bool:
+    """Whether every process running at the fault stopped by itself: its last event before
+    the fault (the fault killed it) or ``peer-lost`` (it ended on another's death)."""
+    for procs in ranks:
+        live = [p for p in procs if p.started <= fault_at]
+        if live and live[-1].end > fault_at and live[-1].last_event != "peer-lost":
+            return False
+    return True
+
+
+def _stall(
+    stopped: Sequence[float | None], fault_at: float, not_ours: str | None, why: dict[str, str]
+) -> float | None:
+    """When every process of the job had stopped after the fault; None (and why) if not."""
+    if not_ours:
+        why["stall"] = not_ours
+        return None
+    if not stopped or any(t is None for t in stopped):
+        why["stall"] = "the job's processes ran on to the end of the job (none was stopped)"
+        return None
+    return max(t for t in stopped if t is not None)
+
+
 def incident_phases(
-    incident: Incident, run: RunRecord, processes: Sequence[Process]
+    incident: Incident,
+    run: RunRecord,
+    processes: Sequence[Process],
+    ranks: Sequence[Sequence[Process]] = (),
 ) -> IncidentPhases:
-    """The phases of ``incident`` in ``run`` whose job ran as ``processes``."""
+    """The phases of ``incident`` in ``run`` whose job ran as ``processes`` (process 0's
+    runs); ``ranks``: every process's runs, by rank (default: process 0's alone)."""
     fault_at, source = _fault_time(incident, run)
     why: dict[str, str] = {}
     decided_phase = incident.first(PhaseName.decided) or incident.first(PhaseName.received)
@@ -176,6 +229,8 @@ def incident_phases(
     not_ours = None if _affects_job(incident, run) else f"no job of this run was on {incident.node}"
     r = _restart(processes, fault_at, not_ours, why)
     succ = r.process
+    stopped = _stopped(ranks or (processes,), fault_at)
+    all_stopped = _stall(stopped, fault_at, not_ours, why)
     started = succ.started if succ else None
     # Slurm running the job again as the coordinator saw it on a tick (else the requeue it
     # saw); never later than the process itself starting, which the tick may lag.
@@ -185,12 +240,23 @@ def incident_phases(
     if requeue_end is None and succ is not None:
         why["requeue_wait"] = "the journal recorded neither jobs-requeued nor job-running"
     take_start = node_out if node_out is not None else decided
+    # The job runs again only after both: the node out and every process stopped. The stall
+    # leads the chain only when the processes stopped by themselves (killed by the fault, or
+    # ended on losing a peer); one ended by Slurm (a requeue, a node failure) stopped because
+    # of the chain, not before it.
+    by_stall = (
+        all_stopped is not None
+        and all_stopped > take_start
+        and _stopped_alone(ranks or (processes,), fault_at)
+    )
+    gate = all_stopped if by_stall and all_stopped is not None else take_start
     restored = succ.restored_at if succ else None
     first = succ.first_step_start if succ else None
     marks = {
         "fault": fault_at,
         "decided": decided,
         "node_out": node_out,
+        "all_stopped": all_stopped,
         "requeued": requeued.at if requeued else None,
         "job_running": requeue_end,
         "spare_ready": spare_at,
@@ -203,10 +269,11 @@ def incident_phases(
     }
     phases: dict[str, float | None] = {
         "detection": _span(fault_at, decided),
+        "stall": _span(fault_at, all_stopped),
         "take_out": _span(decided, node_out),
-        "requeue_wait": _span(take_start, requeue_end) if succ is not None else None,
+        "requeue_wait": _span(gate, requeue_end) if succ is not None else None,
         "replacement": _span(fault_at, spare_at),
-        "job_restart": _span(requeue_end if requeue_end is not None else take_start, started),
+        "job_restart": _span(requeue_end if requeue_end is not None else gate, started),
         "restore": _span(started, restored),
         "warmup": _span(restored if restored is not None else started, first),
         "recompute": _span(first, r.caught_up),
@@ -224,4 +291,7 @@ def incident_phases(
         fallbacks=succ.fallbacks if succ else (),
         spare=spare,
         successor=succ.index if succ else None,
+        chain=(("stall",) if by_stall else ("detection", "take_out"))
+        + ("requeue_wait", "job_restart", "restore", "warmup"),
+        stopped=stopped,
     )

@@ -63,6 +63,9 @@ class Process:
     """``completed``, ``preempted`` (saved on a signal), or ``killed`` (no final event)."""
     final_step: int | None
     """The step its ``completed`` or ``preempted`` event reports."""
+    last_event: str = ""
+    """The kind of its last event (``peer-lost``: it stopped because another process of the
+    job was lost)."""
 
     @property
     def first_step_start(self) -> float | None:
@@ -101,9 +104,10 @@ def _process(index: int, events: Sequence[Event]) -> Process:
         steps.append(Step(e.step, e.ts, start))
     restart = head.data.get("restart_count")
     node = head.data.get("node")
+    started = next((e.ts for e in events if e.kind == "started"), head.ts)
     return Process(
         index=index,
-        started=head.ts,
+        started=started,
         end=max(e.ts for e in events),
         node=node if isinstance(node, str) else None,
         restart_count=restart if isinstance(restart, int) else None,
@@ -123,17 +127,26 @@ def _process(index: int, events: Sequence[Event]) -> Process:
         ),
         outcome=final.kind if final else "killed",
         final_step=final.step if final else None,
+        last_event=max(events, key=lambda e: e.ts).kind,
     )
 
 
 def split_processes(events: Sequence[Event]) -> list[Process]:
-    """The processes of the job, in order. Lines before the first ``started`` (a log whose
-    head was lost) form a process of their own beginning at its first line."""
+    """The processes of the job, in order. A process begins at ``started``, or earlier at a
+    line with another pid than the lines before (a process of a K-process job writes
+    ``joined`` before ``started``). Lines before the first ``started`` (a log whose head was
+    lost) form a process of their own beginning at its first line."""
     groups: list[list[Event]] = []
+    pid: object = None  # of the lines so far (a line without one keeps it)
     for e in events:
-        if e.kind == "started" or not groups:
+        new_pid = e.data.get("pid")
+        other = new_pid is not None and pid is not None and new_pid != pid
+        seen = bool(groups) and any(x.kind == "started" for x in groups[-1])
+        again = e.kind == "started" and seen
+        if not groups or other or again:
             groups.append([])
         groups[-1].append(e)
+        pid = new_pid if new_pid is not None else pid
     return [_process(i, g) for i, g in enumerate(groups)]
 
 

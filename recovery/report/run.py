@@ -1,4 +1,5 @@
-"""A run directory read back: ``run.json``, ``incidents.json`` and ``events.jsonl``.
+"""A run directory read back: ``run.json``, ``incidents.json`` and ``events.jsonl`` (with
+``events.rank<r>.jsonl`` for the other processes of a K-process job).
 
 The scenario runner writes these three files (the layout is in :mod:`recovery.report`);
 ``recover report DIR`` reads them again, so every field is checked here once and a broken file
@@ -50,6 +51,8 @@ class Job:
     save_every: int
     model: str
     run_dir: str
+    processes: int = 1
+    """Training processes of the job, one per node (run.json before it: one)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,15 @@ class RunRecord:
     notes: tuple[str, ...]
     incidents: tuple[Incident, ...]
     events: tuple[Event, ...]
+    """Process 0's events (``events.jsonl``; the only process of a one-process job)."""
+    rank_events: tuple[tuple[Event, ...], ...] = ()
+    """The events of processes 1..K-1 (``events.rank<r>.jsonl``), in rank order; a rank
+    whose file is missing has none."""
+
+    @property
+    def ranks(self) -> tuple[tuple[Event, ...], ...]:
+        """Every process's events, by rank: process 0's first."""
+        return (self.events, *self.rank_events)
 
 
 class _Fields:
@@ -221,6 +233,7 @@ def _job(f: _Fields) -> Job:
         save_every=f.integer("save_every"),
         model=f.text("model"),
         run_dir=f.text("run_dir"),
+        processes=f.integer("processes") if "processes" in f.doc else 1,
     )
 
 
@@ -344,16 +357,29 @@ def load_run(directory: Path) -> RunRecord:
         _read_json(directory, INCIDENTS_FILE), str(directory / INCIDENTS_FILE)
     )
     path = directory / EVENTS_FILE
-    try:
-        with path.open(encoding="utf-8") as fh:
-            lines = fh.readlines()
-    except FileNotFoundError:
-        raise RunDirError(f"{path} is missing (the training job's event log)") from None
-    except OSError as e:
-        raise RunDirError(f"{path} cannot be read: {e}") from e
+    events = parse_events(_lines(path, required=True), str(path))
+    ranks = []
+    for rank in range(1, run["job"].processes):
+        other = directory / f"events.rank{rank}.jsonl"
+        ranks.append(parse_events(_lines(other, required=False), str(other)))
     return RunRecord(
         directory=directory,
         incidents=incidents,
-        events=parse_events(lines, str(path)),
+        events=events,
+        rank_events=tuple(ranks),
         **run,
     )
+
+
+def _lines(path: Path, *, required: bool) -> list[str]:
+    """The lines of an events file; [] for a missing one that is not ``required`` (a rank
+    that never started writes none)."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            return fh.readlines()
+    except FileNotFoundError:
+        if not required:
+            return []
+        raise RunDirError(f"{path} is missing (the training job's event log)") from None
+    except OSError as e:
+        raise RunDirError(f"{path} cannot be read: {e}") from e

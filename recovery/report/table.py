@@ -47,8 +47,10 @@ def phase_spans(inc: IncidentReport) -> dict[str, str]:
     high = inc.high_water_step if inc.high_water_step is not None else 0
     return {
         "detection": "fault -> coordinator decision recorded",
+        "stall": f"fault -> every process of the job stopped ({len(inc.stopped)})",
         "take_out": f"decision -> {out}",
-        "requeue_wait": f"{out} -> Slurm runs the job again",
+        "requeue_wait": ("every process stopped" if "stall" in inc.chain else out)
+        + " -> Slurm runs the job again",
         "replacement": f"fault -> {inc.spare or 'a spare'} promoted and ready",
         "job_restart": "job running again -> trainer process started",
         "restore": f"started -> {restored}{fallbacks}",
@@ -61,6 +63,7 @@ def phase_spans(inc: IncidentReport) -> dict[str, str]:
 #: The mark (:attr:`IncidentReport.marks`) each phase ends at.
 PHASE_ENDS = {
     "detection": "decided",
+    "stall": "all_stopped",
     "take_out": "node_out",
     "requeue_wait": "job_running",
     "replacement": "spare_ready",
@@ -114,8 +117,9 @@ def goodput_rows(g: Goodput) -> list[tuple[str, str, str]]:
     rows = [(BUCKET_NAMES["productive"], f"{g.productive_s:.2f}", f"{100 * g.goodput:.1f}%")]
     rows += [(BUCKET_NAMES[b.name], f"{b.seconds:.2f}", f"{100 * b.share:.1f}%") for b in g.badput]
     total = g.productive_s + sum(b.seconds for b in g.badput)
+    what = "wall time" if g.processes == 1 else f"wall time x {g.processes} processes"
     rows.append(
-        ("total (wall time)", f"{total:.2f}", f"{100 * total / g.wall_s:.1f}%" if g.wall_s else "-")
+        (f"total ({what})", f"{total:.2f}", f"{100 * total / g.wall_s:.1f}%" if g.wall_s else "-")
     )
     return rows
 
@@ -139,6 +143,7 @@ def render_table(report: Report, png: str | None = None) -> str:
             "",
             f"incident {inc.id}: {inc.fault} on {inc.node}{at} -> {inc.verdict} ({inc.status})",
             table(("PHASE", "TIME", "ENDS", "SPANS"), phase_rows(inc), right=(1, 2)),
+            "fault -> training again = " + " + ".join(inc.chain),
             headline(inc),
             *(f"note: {n}" for n in inc.notes),
         ]
@@ -146,7 +151,8 @@ def render_table(report: Report, png: str | None = None) -> str:
         lines += ["", f"fault {f.fault} injected on {f.node} via {f.via}: NO incident opened"]
     lines += [
         "",
-        f"goodput {100 * report.goodput.goodput:.1f}% of {report.goodput.wall_s:.2f} s",
+        f"goodput {100 * report.goodput.goodput:.1f}% of {report.goodput.wall_s:.2f} s"
+        + (f" ({report.goodput.processes} processes)" if report.goodput.processes > 1 else ""),
         table(("BUCKET", "SECONDS", "SHARE"), goodput_rows(report.goodput), right=(1, 2)),
     ]
     if png:

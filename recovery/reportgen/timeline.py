@@ -2,10 +2,12 @@
 line. Drawn with matplotlib's object API on the Agg canvas (no pyplot, no global state).
 
 Top panel, one lane per node: the failed node (detection, take-out, then out of service), the
-spare (held, the replacement, then in service) and the job (training, requeue wait, restart,
-restore, warmup, recompute). A zoom beside it shows the first moments after the fault, where
-the coordinator's phases last fractions of a second. Bottom panel: step against time, one line
-per process, with the fault, the checkpoints, the restore and any fallback marked.
+spare (held, the replacement, then in service), for a job of several processes one lane per
+rank (training, then the stall: fault to that process stopped) and the job (training,
+requeue wait, restart, restore, warmup, recompute). A zoom beside it shows the first moments
+after the fault, where the coordinator's phases last fractions of a second. Bottom panel: step
+against time, one line per process, with the fault, the checkpoints, the restore and any
+fallback marked.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ COLOURS = {
     "startup": "#cfd8dc",
     "training": "#9e9e9e",
     "detection": "#d62728",
+    "stall": "#e377c2",
     "take_out": "#ff7f0e",
     "out_of_service": "#e0e0e0",
     "spare_held": "#f3e5f5",
@@ -131,6 +134,8 @@ def _bars(report: Report) -> list[_Bar]:
         bars.append(
             _Bar(job, p.steps[0].start, p.steps[-1].ts, "training", f"training on {p.node or '?'}")
         )
+    if len(report.ranks) > 1:
+        bars += _rank_bars(report)
     for inc in report.incidents:
         bars += _phase_bars(inc, job, report.finished)
         if inc.spare and inc.spare != inc.node and "spare_ready" in inc.marks:
@@ -147,10 +152,36 @@ def _bars(report: Report) -> list[_Bar]:
     return bars
 
 
+def _rank_bars(report: Report) -> list[_Bar]:
+    """One lane per process of the job: its runs' training, and for each incident the stall
+    from the fault to that process stopped (a sliver for the one the fault killed)."""
+    bars: list[_Bar] = []
+    for rank, procs in enumerate(report.ranks):
+        lane = f"rank {rank}"
+        for p in procs:
+            if p.steps:
+                bars.append(_Bar(lane, p.started, p.steps[0].start, "startup", "startup"))
+                bars.append(_Bar(lane, p.steps[0].start, p.steps[-1].ts, "training",
+                                 f"training on {p.node or '?'}", p.node or ""))  # fmt: skip
+        for inc in report.incidents:
+            stop = inc.stopped[rank] if rank < len(inc.stopped) else None
+            if stop is None:
+                continue
+            # At least a sliver, so a process killed outright by the fault shows too.
+            end = max(stop, inc.fault_at + 0.05 * max(1.0, report.wall_s / 100))
+            bars.append(_Bar(lane, inc.fault_at, end, "stall",
+                             f"stopped {seconds(stop - inc.fault_at)}", ""))  # fmt: skip
+    return bars
+
+
 def _lanes(bars: Sequence[_Bar]) -> list[str]:
-    """Failed nodes on top, then spares, the job at the bottom (next to the step line)."""
+    """Failed nodes on top, then spares, the ranks, the job at the bottom (next to the step
+    line)."""
     names = list(dict.fromkeys(b.lane for b in bars))
-    return sorted(names, key=lambda n: (n.startswith("job "), "spare)" in n, names.index(n)))
+    return sorted(
+        names,
+        key=lambda n: (n.startswith("job "), n.startswith("rank "), "spare)" in n, names.index(n)),
+    )
 
 
 def _draw_lanes(ax: Axes, bars: Sequence[_Bar], lanes: Sequence[str], t0: float) -> list[Any]:

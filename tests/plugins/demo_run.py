@@ -28,7 +28,7 @@ import pytest
 from tests.slurm.helpers import require_local_slurm
 
 #: Steps the demo trains (its default trains longer, for people watching).
-DEMO_STEPS = 30
+DEMO_STEPS = 40
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ the scenario matrix's xid79 checks read too.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -23,15 +24,31 @@ def test_recover_demo_ends_with_the_cost_of_the_failure(demo_run: DemoRun) -> No
     text = done.stdout
     assert "cluster up on Slurm 22.05" in text
     assert ": nodes node1, node2, node3, node4; spares spare1" in text
+    assert "4 node(s), 4 process(es)" in text
+    # The real failure: only the faulted node's training process dies, by SIGABRT.
+    assert "on node1 SIGABRTed: its GPU is gone" in text
     assert "injected xid79 on node" in text
     assert "scenario xid79: PASSED" in text
     assert "ok   digest_matches_control" in text
     table = text.split("scenario xid79: PASSED", 1)[1]
-    for phase in ("detection", "take_out", "requeue_wait", "replacement", "no_progress"):
+    for phase in ("detection", "stall", "take_out", "requeue_wait", "replacement", "no_progress"):
         assert f"\n{phase} " in table, phase
     assert "lost progress: " in table
     assert "replacement: " in table
     assert "goodput" in table
+    assert "(4 processes)" in table
+    assert "fault -> training again = " in table
+    report = json.loads((out / "report.json").read_text())
+    assert len(report["ranks"]) == 4
+    (inc,) = report["incidents"]
+    # Every rank stopped after the fault, the killed one at it; the stall is their latest.
+    assert all(t is not None and t >= inc["fault_at"] for t in inc["stopped"])
+    assert inc["phases"]["stall"] == pytest.approx(max(inc["stopped"]) - inc["fault_at"])
+    # Three of the four ranks stopped on losing their peer (exit 76), not killed by Slurm.
+    lost = [json.loads(line) for r in (1, 2, 3)
+            for line in (out / f"events.rank{r}.jsonl").read_text().splitlines()
+            if '"peer-lost"' in line]  # fmt: skip
+    assert len(lost) == 3, lost
     png = Path(table.rsplit("timeline: ", 1)[1].split()[0])
     assert png == out.absolute() / "timeline.png"
     assert png.stat().st_size > 0

@@ -71,6 +71,7 @@ def test_shipped_scenario_passes(name: str, control_cache: Path, tmp_path: Path)
     unchecked = [c for c in result["checks"] if c["ok"] is None]
     assert all(c["name"].startswith("phases.") for c in unchecked), unchecked
     assert "injected" in done.stderr or "SIGKILLed" in done.stderr  # progress went to stderr
+    assert "4 node(s), 4 process(es)" in done.stderr  # every shipped scenario: K=4
     _check_run_dir(out, name)
     assert (out / "report.md").exists()
     assert result["timeline"] == str(out / "timeline.png")
@@ -84,7 +85,12 @@ def _check_run_dir(out: Path, name: str) -> None:
     assert (doc["format"], doc["scenario"]) == (1, name)
     assert doc["started"] < doc["finished"]
     assert doc["final_digest"] == doc["control_digest"] is not None
-    assert set(doc["job"]) == {"id", "nodes", "steps", "save_every", "model", "run_dir"}
+    assert set(doc["job"]) == {"id", "nodes", "steps", "save_every", "model", "run_dir",
+                               "processes"}  # fmt: skip
+    assert doc["job"]["processes"] == len(doc["job"]["nodes"]) == 4
+    for rank in range(1, 4):
+        copied = (out / f"events.rank{rank}.jsonl").read_text()
+        assert copied == (Path(doc["job"]["run_dir"]) / f"events.rank{rank}.jsonl").read_text()
     assert doc["job"]["nodes"]
     assert set(doc["job"]["nodes"]) <= set(doc["cluster"]["nodes"])
     for fault in doc["faults"]:

@@ -17,7 +17,7 @@ RECOVER = [sys.executable, "-m", "recovery"]
 
 GOOD = """\
 description: a test
-cluster: {nodes: 3, spares: 1}
+cluster: {nodes: 4, spares: 1}
 job:
   steps: 20
   save_every: 4
@@ -65,7 +65,8 @@ def test_a_good_file_loads_with_its_defaults() -> None:
          ["Unknown fault 'xid99'. Known: ", "xid79", "gpu-lost", "slurmd-crash"]),
         (GOOD + "    via: kmesg\n", 9, "faults[0].via", ["'agent' or 'kmsg'", "got 'kmesg'"]),
         (GOOD.replace("  steps: 20", "  stepz: 20"), 4, "job.stepz",
-         ["unknown key 'stepz'. Valid keys: model, nodes, save_every, seed, step_sleep, steps"]),
+         ["unknown key 'stepz'. Valid keys: model, nodes, processes, save_every, seed, step_sleep, "
+          "steps"]),
         (GOOD.replace("  steps: 20\n", ""), 3, "job.steps", ["required, but missing"]),
         ("descripton: x\n" + GOOD, 1, "descripton",
          ["unknown key 'descripton'. Valid keys: cluster, description, expect, faults, job"]),
@@ -79,12 +80,12 @@ def test_a_good_file_loads_with_its_defaults() -> None:
          ["'detection'", "'no_progress'", "got 'detecton'"]),
         (GOOD.replace("  save_every: 4", "  save_every: 4\n  model: mlp-huge"), 6, "job.model",
          ["Unknown model 'mlp-huge'. Known: mlp-1g, mlp-medium, mlp-small, mlp-tiny"]),
-        (GOOD.replace("{nodes: 3, spares: 1}", "{nodes: 3, policy: {breaker: {max_fraction: 2}}}"),
+        (GOOD.replace("{nodes: 4, spares: 1}", "{nodes: 4, policy: {breaker: {max_fraction: 2}}}"),
          2, "cluster.policy", ["max_fraction: expected a fraction 0-1, got 2"]),
-        (GOOD.replace("{nodes: 3, spares: 1}", "{nodes: 3, cred_expire_s: 2}"), 2,
+        (GOOD.replace("{nodes: 4, spares: 1}", "{nodes: 4, cred_expire_s: 2}"), 2,
          "cluster.cred_expire_s", ["greater than or equal to 5"]),
         (GOOD + "    node: node9\n", 9, "faults[0].node",
-         ["Unknown node 'node9'. Known: fault-node, job-node, node1, node2, node3, spare1"]),
+         ["Unknown node 'node9'. Known: fault-node, job-node, node1, node2, node3, node4, spare1"]),
         (GOOD.replace("xid79", "tpu-runtime-error") + "    via: kmsg\n", 7, "faults[0]",
          ["cannot write a kernel line for fault 'tpu-runtime-error'", "XID lines only"]),
         (GOOD + "    operator: repaired\n", 7, "faults[0]",
@@ -93,11 +94,19 @@ def test_a_good_file_loads_with_its_defaults() -> None:
          ["node does not apply to checkpoint-corrupt"]),
         (GOOD + "  - operator: repaired\n    via: kmsg\n", 9, "faults[1]",
          ["via does not apply to operator repaired"]),
-        (GOOD + "    burst: 4\n", 9, "faults[0].burst", ["4 nodes, but the job runs on 3"]),
-        (GOOD.replace("{nodes: 3, spares: 1}", "{existing: {}}").replace("xid79", "slurmd-crash"),
+        (GOOD + "    burst: 5\n", 9, "faults[0].burst", ["5 nodes, but the job runs on 4"]),
+        (GOOD.replace("  steps: 20", "  steps: 20\n  processes: 5"), 5, "job.processes",
+         ["5 processes, one per node, but the job has 4 node(s)", "ask for at most 4"]),
+        (GOOD.replace("  steps: 20", "  steps: 20\n  nodes: 2\n  processes: 3"), 6,
+         "job.processes", ["3 processes, one per node, but the job has 2 node(s)"]),
+        (GOOD.replace("{nodes: 4, spares: 1}", "{nodes: 3, spares: 1}"), 3, "job.model",
+         ["mlp-tiny's batch of 32 does not divide over 3 processes", "mlp-tiny-48"]),
+        (GOOD.replace("  steps: 20", "  steps: 20\n  processes: many"), 5, "job.processes",
+         ["expected 'per-node' or a whole number 1-16, got 'many'"]),
+        (GOOD.replace("{nodes: 4, spares: 1}", "{existing: {}}").replace("xid79", "slurmd-crash"),
          7, "faults[0].fault", ["slurmd-crash needs the local cluster"]),
         (GOOD + "expect:\n  out_of_service: [node7]\n", 10, "expect.out_of_service[0]",
-         ["Unknown node 'node7'. Known: node1, node2, node3, spare1"]),
+         ["Unknown node 'node7'. Known: node1, node2, node3, node4, spare1"]),
         (GOOD.replace("job:\n", "job: [1]\njob2:\n"), 3, "job", ["valid dictionary"]),
     ],
 )  # fmt: skip
