@@ -75,6 +75,10 @@ def control_digest(job: JobSpec, cache: Path, *, train: Train = run_train) -> st
 
     Raises RecoverError with the trainer's error output when the run fails.
     """
+    if job.command is not None:  # a command job: its own control run
+        from scenarios import command_job
+
+        return command_job.job_control_digest(job, cache)
     d = cache / cache_key(job)
     cached = d / "digest"
     if cached.exists():

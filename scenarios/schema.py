@@ -41,7 +41,11 @@ Top level
     steps), ``model`` (default ``mlp-tiny``; a ``recover train --model`` preset), ``seed``
     (default 0), ``step_sleep`` (seconds after each step, default 0.2), ``nodes``: how many
     nodes the job asks for, default ``all`` = every in-service node of the partition, so once
-    a node is lost the job can only run again when a spare is promoted.
+    a node is lost the job can only run again when a spare is promoted. ``command``: a list
+    of arguments run instead of ``recover train`` (a training script of your own using
+    ``recovery.api``), with ``{python}``, ``{run_dir}``, ``{steps}``, ``{save_every}``,
+    ``{seed}``, ``{step_sleep}`` and ``{scenario_dir}`` (the scenario file's folder) filled
+    in; its control run is the same command run once without interruption.
 
 ``faults`` - *required*, carried out in order; each entry is a fault or an operator action
     ``fault``: a fault code of the catalogue (``xid79``, ``gpu-lost``, ``tpu-runtime-error``,
@@ -218,6 +222,9 @@ class JobSpec(_Strict):
     steps: Annotated[int, Field(ge=1, le=100_000)]
     save_every: Annotated[int, Field(ge=1)]
     model: str = "mlp-tiny"
+    command: list[str] | None = None
+    """Your own training command instead of ``recover train`` (``model`` is then unused);
+    placeholders such as ``{run_dir}`` are filled in (:mod:`scenarios.command_job`)."""
     seed: Annotated[int, Field(ge=0)] = 0
     step_sleep: Annotated[float, Field(ge=0, le=10)] = 0.2
     nodes: NodesWanted = "all"
@@ -230,6 +237,13 @@ class JobSpec(_Strict):
         if value not in MODELS:
             raise ValueError(str(unknown_choice("model", value, MODELS)))
         return value
+
+    @field_validator("command")
+    @classmethod
+    def _placeholders(cls, value: list[str] | None) -> list[str] | None:
+        from scenarios import command_job
+
+        return None if value is None else command_job.check(value)
 
 
 TRIGGERS = ("step", "checkpoint", "after_s", "job", "incidents")
