@@ -24,7 +24,7 @@ def start(run_dir: Path, env: dict[str, str]) -> subprocess.Popen[str]:
 
 def finish(proc: subprocess.Popen[str]) -> str:
     try:
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()

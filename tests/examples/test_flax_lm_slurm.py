@@ -15,7 +15,8 @@ from slurm.cluster import LocalCluster
 from tests.examples.conftest import STEPS, command, events, wait_for_event
 from tests.slurm.helpers import wait_for
 
-pytestmark = pytest.mark.slurm
+# Slow: the control run, then a job that is requeued once (minutes on a loaded machine).
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 RECOVER = str(Path(sys.executable).parent / "recover")
 
@@ -41,7 +42,7 @@ def test_recover_sbatch_requeues_and_resumes_the_example_bit_exact(
     wait_for_event(run_dir, "step", 5)
     # What Slurm does before the time limit: USR1 to the batch shell, which forwards it.
     slurm_ctl.run(["scancel", "--batch", "--signal=USR1", job_id])
-    wait_for(lambda: slurm_ctl.job(job_id).state == "COMPLETED", 240, "job completed")
+    wait_for(lambda: slurm_ctl.job(job_id).state == "COMPLETED", 900, "job completed")
     assert slurm_ctl.job(job_id).restart_count == 1
 
     (preempted,) = events(run_dir, "preempted")
