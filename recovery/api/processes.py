@@ -10,7 +10,9 @@ group, :mod:`recovery.train.ranks` for the events and exit statuses), behind a f
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -19,7 +21,7 @@ from recovery.events import EventLog
 from recovery.multiproc import EXIT_PEER_LOST, Group, Topology
 from recovery.multiproc import topology_from_env as _topology_from_env
 from recovery.train import ranks as _ranks
-from recovery.train.preempt import EXIT_PREEMPTED
+from recovery.train.preempt import EXIT_PREEMPTED, PREEMPT_SIGNALS
 
 __all__ = [
     "EXIT_PEER_LOST",
@@ -109,7 +111,9 @@ def join(
     CPU); record ``joined`` in ``events``. Call it before anything uses JAX, on every process.
 
     Returns None for a single process (nothing to join): code written for K processes then
-    runs unchanged as one.
+    runs unchanged as one. With several, SIGTERM and SIGUSR1 are ignored from then on except
+    inside :meth:`Preemption.installed` (srun TERMs the others once one exits 75 at the
+    end; each must keep its own status).
 
     Raises:
         UsageError: a bad launcher environment (see :func:`topology_from_env`).
@@ -120,6 +124,12 @@ def join(
     topo = _topology_from_env(env) if topology is None else topology
     if not topo.multi:
         return None
+    # Once the run is over, the first process to exit 75 makes srun (--kill-on-bad-exit)
+    # TERM the others while they exit too: ignored outside Preemption.installed(), so each
+    # keeps its own status and the job requeues (as multi-process `recover train` does).
+    if threading.current_thread() is threading.main_thread():
+        for sig in PREEMPT_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
     return Processes(_ranks.start(topo, events, _log, environ=env), topo)
 
 
