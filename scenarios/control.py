@@ -116,6 +116,10 @@ def control_digest(
 
     Raises RecoverError with the trainer's error output when the run fails.
     """
+    if job.command is not None:  # a command job: its own control run
+        from scenarios import command_job
+
+        return command_job.job_control_digest(job, cache)
     if train is None:
         train = functools.partial(run_train_ranks, processes=processes)
     d = cache / cache_key(job, processes)

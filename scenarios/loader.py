@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from recovery.errors import UsageError, unknown_choice
+from scenarios import command_job
 from scenarios.schema import FAULT_NODE, JOB_NODE, Scenario
 
 Loc = tuple[str | int, ...]
@@ -47,7 +48,8 @@ def load_file(path: Path) -> Loaded:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ScenarioFileError(f"{path}: cannot be read ({e.strerror or e})") from e
-    return Loaded(load_text(text, str(path), default_name=path.stem), text, path)
+    scenario = load_text(text, str(path), default_name=path.stem)
+    return Loaded(command_job.beside(scenario, path.parent), text, path)
 
 
 def load_text(text: str, source: str, *, default_name: str) -> Scenario:

@@ -24,7 +24,7 @@ from recovery.errors import RecoverError, UsageError
 from recovery.ports.journal import PhaseName
 from recovery.spares import is_spare
 from recovery.wiring import SlurmAccess
-from scenarios import rundir
+from scenarios import command_job, rundir
 from scenarios.actions import carry_out, crash_first
 from scenarios.control import Background, compile_cache
 from scenarios.expect import Check, OperatorAnswer, Outcome, check, progress
@@ -120,7 +120,8 @@ def run(loaded: Loaded, opts: RunOptions) -> RunResult:
     out.mkdir(parents=True, exist_ok=True)
     (out / "scenario.yaml").write_text(loaded.text)
     j = s.job
-    rec = rundir.RunRecord(s.name, t0, j.steps, j.save_every, j.model, out / "job")
+    model = j.model if j.command is None else "command"
+    rec = rundir.RunRecord(s.name, t0, j.steps, j.save_every, model, out / "job")
     say(f"scenario {s.name}: {s.description}")
     control = None
     if existing is None and s.expect.digest_matches_control:
@@ -264,6 +265,8 @@ def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say)
         *s.training_args(), "--step-sleep", str(s.job.step_sleep),
         "--compile-cache", str(compile_cache(cache)),
     ]  # fmt: skip
+    if s.job.command is not None:
+        command = command_job.job_command(s.job, rec.run_dir, cache)
     out = rec.run_dir.parent
     job_id = submit_training(
         rig.slurm,
@@ -273,7 +276,8 @@ def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say)
     )
     rec.job_id = job_id
     rec.processes = processes
-    say(f"job {job_id} submitted: {count} node(s), {processes} process(es), {s.job.model} "
+    what = s.job.model if s.job.command is None else "command " + " ".join(s.job.command)
+    say(f"job {job_id} submitted: {count} node(s), {processes} process(es), {what} "
         f"to step {s.job.steps}, checkpoint every {s.job.save_every}")  # fmt: skip
     return Watcher(rec.run_dir, job_id, rig.slurm, rig.client, say)
 

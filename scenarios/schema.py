@@ -46,6 +46,11 @@ Top level
     joined by ``jax.distributed``); default ``per-node``, one on every node of the job; ``1``
     runs a single process on the first node. More than the job's nodes is refused, naming
     what fits, and so is a model whose batch does not divide over the processes.
+    ``command``: a list
+    of arguments run instead of ``recover train`` (a training script of your own using
+    ``recovery.api``), with ``{python}``, ``{run_dir}``, ``{steps}``, ``{save_every}``,
+    ``{seed}``, ``{step_sleep}`` and ``{scenario_dir}`` (the scenario file's folder) filled
+    in; its control run is the same command run once without interruption.
 
 ``faults`` - *required*, carried out in order; each entry is a fault or an operator action
     ``fault``: a fault code of the catalogue (``xid79``, ``gpu-lost``, ``tpu-runtime-error``,
@@ -238,6 +243,9 @@ class JobSpec(_Strict):
     steps: Annotated[int, Field(ge=1, le=100_000)]
     save_every: Annotated[int, Field(ge=1)]
     model: str = "mlp-tiny"
+    command: list[str] | None = None
+    """Your own training command instead of ``recover train`` (``model`` is then unused);
+    placeholders such as ``{run_dir}`` are filled in (:mod:`scenarios.command_job`)."""
     seed: Annotated[int, Field(ge=0)] = 0
     step_sleep: Annotated[float, Field(ge=0, le=10)] = 0.2
     nodes: NodesWanted = "all"
@@ -255,6 +263,13 @@ class JobSpec(_Strict):
         if value not in MODELS:
             raise ValueError(str(unknown_choice("model", value, MODELS)))
         return value
+
+    @field_validator("command")
+    @classmethod
+    def _placeholders(cls, value: list[str] | None) -> list[str] | None:
+        from scenarios import command_job
+
+        return None if value is None else command_job.check(value)
 
 
 TRIGGERS = ("step", "checkpoint", "after_s", "job", "incidents")

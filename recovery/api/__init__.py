@@ -15,6 +15,15 @@ from recovery.api.preemption import (
     PREEMPT_SIGNALS,
     Preemption,
 )
+from recovery.api.processes import (
+    EXIT_PEER_LOST,
+    Processes,
+    Topology,
+    failing_together,
+    join,
+    leave,
+    topology_from_env,
+)
 from recovery.checkpoint import SaveResult, StepStatus
 from recovery.errors import (
     AllCheckpointsDamagedError,
@@ -23,20 +32,19 @@ from recovery.errors import (
     CheckpointError,
     CheckpointExistsError,
     ConfigMismatchError,
+    GroupError,
     NoCheckpointError,
+    PeerLostError,
     RecoverError,
     RunLockedError,
     UsageError,
 )
 
-# Multi-process helpers (issue 17, second round, once multi-process `recover train` lands):
-# the process topology from Slurm's environment, joining jax.distributed, and the helpers K
-# processes need around a shared checkpoint go here, in their own module, and in __all__.
-
 __all__ = [
     "EVENTS",
     "EVENTS_FILE",
     "EXIT_DO_NOT_RESTART",
+    "EXIT_PEER_LOST",
     "EXIT_PREEMPTED",
     "PREEMPT_SIGNALS",
     "AllCheckpointsDamagedError",
@@ -48,17 +56,25 @@ __all__ = [
     "CheckpointManager",
     "ConfigMismatchError",
     "EventLog",
+    "GroupError",
     "Imported",
     "NoCheckpointError",
+    "PeerLostError",
     "Preemption",
+    "Processes",
     "RecoverError",
     "Restored",
     "RunLockedError",
     "SaveResult",
     "Skipped",
     "StepStatus",
+    "Topology",
     "UsageError",
+    "failing_together",
     "import_orbax",
+    "join",
+    "leave",
     "open_event_log",
     "read_events",
+    "topology_from_env",
 ]

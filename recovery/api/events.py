@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from recovery.events import EVENTS, EventLog, read_events, slurm_context
+from recovery.events import EVENTS, EventLog, events_file, read_events, slurm_context
+from recovery.multiproc import topology_from_env
 
 __all__ = ["EVENTS", "EVENTS_FILE", "EventLog", "open_event_log", "read_events"]
 
@@ -28,8 +29,16 @@ def open_event_log(
     """Open (append to) ``run_dir/events.jsonl``, adding the Slurm job id, restart count and
     node from ``environ`` (default: this process's environment) to every line.
 
+    In a job of several processes (see :func:`recovery.api.topology_from_env`) process ``r``
+    other than 0 writes ``events.rank<r>.jsonl`` instead, and every line carries ``rank``
+    and ``ranks``: the files ``recover report`` reads for K processes.
+
     Close it with :meth:`EventLog.close` (or use it as a ``with`` block's resource via
     ``contextlib.closing``).
     """
     env = os.environ if environ is None else environ
-    return EventLog(Path(run_dir) / EVENTS_FILE, context=slurm_context(env), clock=clock)
+    topo = topology_from_env(env)
+    context = slurm_context(env)
+    if topo.multi:
+        context = {**context, "rank": topo.rank, "ranks": topo.size}
+    return EventLog(events_file(Path(run_dir), topo.rank), context=context, clock=clock)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from recovery.checkpoint import (
 from recovery.checkpoint import format as fmt
 from recovery.errors import BackgroundSaveError, NoCheckpointError, UsageError
 from recovery.events import EventLog
+
+if TYPE_CHECKING:
+    from recovery.api.processes import Processes
 
 T = TypeVar("T")
 
@@ -111,6 +114,13 @@ class CheckpointManager:
             a run that is still training).
         clock: wall clock in seconds (manifest timestamps and ages).
         workers: threads that write or read data files in parallel.
+        processes: for a job of several processes (:func:`recovery.api.join`): every
+            process makes the same calls in the same order; each writes its share of every
+            save and process 0 commits it (one checkpoint, whatever the count), a restore
+            takes the newest step that verifies for all of them, and process 0 alone holds
+            the run lock, sets damaged steps aside and applies retention. Arrays sharded over
+            several processes' devices are gathered for the save and placed back with the
+            template's sharding on restore.
     """
 
     def __init__(
@@ -125,6 +135,7 @@ class CheckpointManager:
         read_only: bool = False,
         clock: Callable[[], float] = time.time,
         workers: int = 16,
+        processes: Processes | None = None,
     ) -> None:
         if keep_last is None and keep_every is not None:
             raise UsageError("keep_every needs keep_last (keep_last=None keeps everything)")
@@ -139,9 +150,12 @@ class CheckpointManager:
         self._store = CheckpointStore(
             self.directory, clock=clock, workers=workers, retention=retention
         )
-        self._saver = AsyncCheckpointer(self._store, on_saved=self._saved)
+        self.processes = processes
+        peers = None if processes is None else processes.group.channel("save")
+        self._saver = AsyncCheckpointer(self._store, on_saved=self._saved, peers=peers)
         self._lock = RunLock(self.directory)
         self._locked = False
+        self._writing = False
         self._blocked: dict[int, float] = {}
 
     # --- writing -----------------------------------------------------------------------------
@@ -223,7 +237,10 @@ class CheckpointManager:
 
     def restore_or_none(self, template: T) -> Restored[T] | None:
         """:meth:`restore`, or None where the directory holds no checkpoint (a fresh run)."""
-        if not self._store.steps():
+        steps = self._store.steps()
+        if self.processes is not None:  # process 0's listing decides, for all alike
+            steps = self.processes.allgather(steps)[0]
+        if not steps:
             if not self.read_only:
                 self._writer()
             return None
@@ -243,14 +260,20 @@ class CheckpointManager:
             if step not in self._store.steps():
                 raise self._unknown_step(step)
             return self._store.load(step, run_config=self.run_config), ()
-        result = self._store.restore_latest(run_config=self.run_config)
+        if self.processes is None:
+            result = self._store.restore_latest(run_config=self.run_config)
+        else:
+            result = self._store.restore_agreed(
+                peers=self.processes.group.channel("main"), run_config=self.run_config
+            )
+        lead = not self.read_only and self._lead
         skipped = []
         for bad, reason in result.fallbacks:
-            moved = None if self.read_only else self._store.set_aside(bad).name
+            moved = self._store.set_aside(bad).name if lead else None
             skipped.append(Skipped(bad, reason, moved))
             if self.events is not None:
                 self.events.emit("fallback", step=bad, reason=reason, moved_to=moved)
-        if not self.read_only:
+        if lead:
             # A run killed between a save and its retention left extra steps; trim them now
             # that the restored step is known to be intact.
             self._store.apply_retention(newest_durable=result.loaded.step)
@@ -336,10 +359,20 @@ class CheckpointManager:
         """Become the run's one writer (once): take the lock, clear interrupted saves."""
         if self.read_only:
             raise UsageError(f"this CheckpointManager of {self.directory} is read-only")
-        if not self._locked:
+        if self._writing:
+            return
+        self._writing = True
+        if self._lead:
             self._lock.acquire()
             self._locked = True
             self._store.remove_leftovers()
+        if self.processes is not None:
+            self.processes.barrier()  # nobody writes before the leftovers are gone
+
+    @property
+    def _lead(self) -> bool:
+        """Whether this process holds the lock and tidies (process 0, or the only one)."""
+        return self.processes is None or self.processes.rank == 0
 
     def close(self) -> None:
         """Finish the save in flight, then release the run lock.
@@ -353,6 +386,7 @@ class CheckpointManager:
             if self._locked:
                 self._lock.release()
                 self._locked = False
+            self._writing = False
 
     def __enter__(self) -> CheckpointManager:
         return self

@@ -15,6 +15,7 @@ from signal import SIGTERM, Signals
 from typing import Any, NoReturn
 
 from recovery.api.manager import CheckpointManager
+from recovery.api.processes import Processes, leave
 from recovery.train import preempt
 
 #: Exit status after a preemption signal that was handled by saving: "try again".
@@ -58,6 +59,14 @@ class Preemption:
         """The first preemption signal received, or None."""
         return self._flag.signal
 
+    def requested_by_any(self, processes: Processes | None) -> bool:
+        """Whether any process of the job got a preemption signal (a collective: call it on
+        every process at the same step, so that all stop after that step - a signal reaches
+        processes at different moments). :attr:`requested` for a single process (None)."""
+        if processes is None:
+            return self.requested
+        return processes.any(self.requested)
+
     def request(self, signum: int = SIGTERM) -> None:
         """Act as if ``signum`` had arrived (a scheduler hook, a test, a health check)."""
         self._flag.handle(signum, None)
@@ -73,7 +82,10 @@ class Preemption:
         """Make ``state`` durable as ``step``, record ``preempted``, exit with status 75.
 
         Waits for the save in flight; saves ``step`` unless that save was ``step`` already,
-        and waits for it. The ``preempted`` event goes to the manager's event log.
+        and waits for it. The ``preempted`` event goes to the manager's event log. With
+        several processes (the manager's ``processes``) every process must call it at the
+        same step (see :meth:`requested_by_any`); they then leave together (:func:`leave`
+        with 75) before exiting.
 
         Raises:
             SystemExit: with :data:`EXIT_PREEMPTED`, once the checkpoint is durable.
@@ -87,4 +99,5 @@ class Preemption:
         name = Signals(self._flag.signal or SIGTERM).name
         if manager.events is not None:
             manager.events.emit("preempted", step=step, checkpoint_step=step, signal=name)
+        leave(manager.processes, EXIT_PREEMPTED)
         raise SystemExit(EXIT_PREEMPTED)

@@ -52,6 +52,22 @@ def flatten(state: Any, *, private: bool) -> dict[str, np.ndarray]:
                 "numbers only (mark other fields static, e.g. flax.struct.field(pytree_node="
                 "False))"
             )
+    # An array sharded over several processes' devices: every process needs all of it (each
+    # writes a share of the save), so it is gathered here - a collective of every process,
+    # which all of them reach because they all save the same steps.
+    spread = []
+    for i, (path, leaf) in enumerate(items):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            if leaf.is_fully_replicated:  # every process holds all of it: no collective
+                items[i] = (path, leaf.addressable_data(0))
+            else:
+                spread.append(i)
+    if spread:
+        from jax.experimental import multihost_utils
+
+        whole = multihost_utils.process_allgather([items[i][1] for i in spread], tiled=True)
+        for i, arr in zip(spread, whole, strict=True):
+            items[i] = (items[i][0], np.asarray(arr))
     # Start every device-to-host transfer before waiting on the first, so they overlap.
     for _, leaf in items:
         if isinstance(leaf, jax.Array):
@@ -110,4 +126,3 @@ def unflatten(template: Any, arrays: dict[str, np.ndarray]) -> Any:
     for i, kind in scalar_types.items():
         out[i] = kind(out[i].item())
     return jax.tree_util.tree_unflatten(treedef, out)
-

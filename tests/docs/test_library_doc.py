@@ -27,7 +27,7 @@ def subsection(text: str, heading: str) -> str:
 
 
 def table_names(text: str) -> set[str]:
-    return set(re.findall(r"^\| `(\w+)` \|", text, flags=re.M))
+    return set(re.findall(r"^\| `([\w-]+)` \|", text, flags=re.M))
 
 
 def reference_names(text: str) -> set[str]:

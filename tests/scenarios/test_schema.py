@@ -65,8 +65,8 @@ def test_a_good_file_loads_with_its_defaults() -> None:
          ["Unknown fault 'xid99'. Known: ", "xid79", "gpu-lost", "slurmd-crash"]),
         (GOOD + "    via: kmesg\n", 9, "faults[0].via", ["'agent' or 'kmsg'", "got 'kmesg'"]),
         (GOOD.replace("  steps: 20", "  stepz: 20"), 4, "job.stepz",
-         ["unknown key 'stepz'. Valid keys: model, nodes, processes, save_every, seed, step_sleep, "
-          "steps"]),
+         ["unknown key 'stepz'. Valid keys: command, model, nodes, processes, save_every, seed, "
+          "step_sleep, steps"]),
         (GOOD.replace("  steps: 20\n", ""), 3, "job.steps", ["required, but missing"]),
         ("descripton: x\n" + GOOD, 1, "descripton",
          ["unknown key 'descripton'. Valid keys: cluster, description, expect, faults, job"]),

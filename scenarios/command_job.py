@@ -1,0 +1,214 @@
+"""A scenario's command job: your own training command in place of ``recover train``
+(``job: command: [...]``), and its control run.
+
+The command is a list of arguments with placeholders filled in for each run:
+
+================  ================================================================
+``{python}``      the Python interpreter the runner runs on (it has the toolkit)
+``{run_dir}``     the job's run directory: checkpoints under ``checkpoints/``, the
+                  event log ``events.jsonl`` that the report reads (docs/library.md)
+``{steps}``       ``job.steps``; ``{save_every}``: ``job.save_every``; ``{seed}``: ``job.seed``
+``{step_sleep}``  ``job.step_sleep`` (0 for the control run)
+``{scenario_dir}`` the folder of the scenario file (for a script shipped beside it)
+================  ================================================================
+
+``{{`` and ``}}`` are literal braces. The command must behave as ``recover train`` does
+(``recovery.api`` gives all of it): resume from its newest checkpoint when run again, save and
+exit 75 on SIGTERM/SIGUSR1, log ``started``/``step``/``checkpoint``/``restored``/``completed``,
+hold the run lock of ``{run_dir}/checkpoints`` while it trains (faults find the training
+process by it), and end with the same state digest however often it was interrupted.
+
+The control run is the same command run once, uninterrupted, outside Slurm; its final digest
+is cached under a key covering the command, the configuration, the bytes of every file the
+command names and the toolkit's code fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import string
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from recovery import fsutil
+from recovery.errors import RecoverError
+
+if TYPE_CHECKING:
+    from scenarios.schema import JobSpec, Scenario
+
+#: The placeholders a command may use.
+PLACEHOLDERS = ("python", "run_dir", "steps", "save_every", "seed", "step_sleep", "scenario_dir")
+
+
+def check(command: Sequence[str]) -> list[str]:
+    """``command`` if every placeholder in it is known and well formed.
+
+    Raises:
+        ValueError: an empty command, an unknown placeholder (the message lists the valid
+            ones) or unbalanced braces.
+    """
+    if not command:
+        raise ValueError("a command job needs at least one argument")
+    for arg in command:
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(arg) if f is not None]
+        except ValueError as e:
+            raise ValueError(f"{arg!r}: {e} (write {{{{ and }}}} for literal braces)") from None
+        for name in fields:
+            if name not in PLACEHOLDERS:
+                valid = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+                raise ValueError(f"{arg!r}: unknown placeholder {{{name}}}; valid: {valid}")
+    return list(command)
+
+
+def beside(scenario: Scenario, folder: Path) -> Scenario:
+    """``scenario`` with ``{scenario_dir}`` in its command job replaced by ``folder`` (the
+    folder of the file it was read from); unchanged for a ``recover train`` job."""
+    command = scenario.job.command
+    if command is None:
+        return scenario
+    where = str(folder.resolve()).replace("{", "{{").replace("}", "}}")
+    job = scenario.job.model_copy(
+        update={"command": [a.replace("{scenario_dir}", where) for a in command]}
+    )
+    return scenario.model_copy(update={"job": job})
+
+
+def job_command(job: JobSpec, run_dir: Path, cache: Path) -> list[str]:
+    """What the scenario's Slurm job runs: the command filled in for ``run_dir``, started
+    through ``env`` with the compilation cache the control run shares (``env`` execs it, so
+    the training process is the command itself)."""
+    assert job.command is not None
+    argv = fill(job.command, run_dir=run_dir, steps=job.steps, save_every=job.save_every,
+                seed=job.seed, step_sleep=job.step_sleep)  # fmt: skip
+    return ["env", *(f"{k}={v}" for k, v in job_env(cache).items()), *argv]
+
+
+def job_control_digest(job: JobSpec, cache: Path) -> str:
+    """:func:`control_digest` of ``job``'s command."""
+    assert job.command is not None
+    return control_digest(job.command, steps=job.steps, save_every=job.save_every,
+                          seed=job.seed, cache=cache)  # fmt: skip
+
+
+def fill(
+    command: Sequence[str],
+    *,
+    run_dir: Path,
+    steps: int,
+    save_every: int,
+    seed: int,
+    step_sleep: float,
+    scenario_dir: Path | None = None,
+) -> list[str]:
+    """The command's arguments with the placeholders filled in (``{scenario_dir}``: the
+    current folder when the scenario was not read from a file)."""
+    values = {
+        "python": sys.executable,
+        "run_dir": str(run_dir),
+        "steps": str(steps),
+        "save_every": str(save_every),
+        "seed": str(seed),
+        "step_sleep": f"{step_sleep:g}",
+        "scenario_dir": str(Path.cwd() if scenario_dir is None else scenario_dir),
+    }
+    return [arg.format(**values) for arg in check(command)]
+
+
+def cache_key(command: Sequence[str], steps: int, seed: int) -> str:
+    """16 hex digits naming the control run: the command as given, the configuration the
+    trajectory depends on, the contents of every file an argument names (the training
+    script), and the toolkit's code fingerprint."""
+    from scenarios.control import code_fingerprint
+
+    filled = fill(command, run_dir=Path("RUN"), steps=steps, save_every=steps, seed=seed,
+                  step_sleep=0)  # fmt: skip
+    files = {}
+    for arg in filled[1:]:
+        path = Path(arg)
+        if path.is_file():
+            files[str(path.resolve())] = hashlib.sha256(path.read_bytes()).hexdigest()
+    doc = {"command": list(command), "steps": steps, "seed": seed, "files": files,
+           "code": code_fingerprint()}  # fmt: skip
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def control_digest(
+    command: Sequence[str],
+    *,
+    steps: int,
+    save_every: int,
+    seed: int,
+    cache: Path,
+    env: dict[str, str] | None = None,
+) -> str:
+    """The final state digest of the command run uninterrupted: cached, else run now.
+
+    Raises:
+        RecoverError: the command failed (its error output is quoted) or logged no
+            ``completed`` event with a digest.
+    """
+    d = cache / ("command-" + cache_key(command, steps, seed))
+    cached = d / "digest"
+    if cached.exists():
+        return cached.read_text().strip()
+    cache.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".tmp-control-", dir=cache))
+    try:
+        run = work / "run"
+        argv = fill(command, run_dir=run, steps=steps, save_every=save_every, seed=seed,
+                    step_sleep=0)  # fmt: skip
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=900, check=False,
+            env={**(os.environ if env is None else env), **job_env(cache)},
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RecoverError(
+                f"the control run of {argv} failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
+            )
+        digest = final_digest(run / "events.jsonl")
+        shutil.rmtree(run)
+        fsutil.atomic_write(work / "digest", (digest + "\n").encode())
+        fsutil.atomic_write(work / "command.json", (json.dumps(list(command)) + "\n").encode())
+        try:
+            os.rename(work, d)
+        except OSError:
+            if not cached.exists():
+                raise
+        return cached.read_text().strip()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def job_env(cache: Path) -> dict[str, str]:
+    """Variables for the command's processes: JAX's persistent compilation cache shared by
+    the control run and the job (the same programs), as ``recover train`` shares it."""
+    from scenarios.control import compile_cache
+
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(compile_cache(cache)),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
+
+
+def final_digest(events: Path) -> str:
+    """The ``state_digest`` of the last ``completed`` event in ``events``."""
+    try:
+        lines = events.read_text().splitlines()
+    except OSError as e:
+        raise RecoverError(f"the command wrote no event log at {events} ({e})") from None
+    for line in reversed(lines):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if doc.get("event") == "completed" and doc.get("state_digest"):
+            return str(doc["state_digest"])
+    raise RecoverError(f"the command logged no completed event with a state_digest in {events}")
