@@ -31,7 +31,7 @@ from scenarios.expect import Check, OperatorAnswer, Outcome, check, progress
 from scenarios.loader import Loaded, dotted, semantic_problems
 from scenarios.reporting import ReportSummary, write_report
 from scenarios.rig import Rig, attach, bring_up, cluster_root
-from scenarios.schema import ClusterSpec, ExistingCluster, Scenario, When
+from scenarios.schema import PER_NODE, ClusterSpec, ExistingCluster, Scenario, When
 from scenarios.watch import ACTED, Watcher
 from slurm.sbatch import submit_training
 
@@ -254,6 +254,18 @@ def _processes(s: Scenario, in_service: int) -> int:
     if count > nodes:
         raise UsageError(f"job.processes {count}: one process runs per node and the job has "
                          f"{nodes} node(s); ask for at most {nodes}")  # fmt: skip
+    if s.job.command is None:
+        from recovery.train.model import MODELS
+
+        batch = MODELS[s.job.model].batch_size
+        if s.job.processes == PER_NODE:
+            # An existing cluster's node count is known only now: per-node takes the most
+            # processes (one per node) that the model's batch divides over.
+            while batch % count:
+                count -= 1
+        elif batch % count:
+            raise UsageError(f"job.processes {count}: {s.job.model}'s batch of {batch} does "
+                             f"not divide over {count} processes")  # fmt: skip
     return count
 
 

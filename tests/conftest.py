@@ -41,8 +41,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     item.add_marker(pytest.mark.skip(reason=reason))
 
 
-#: Markers whose tests may skip under CI: CI machines have no accelerator.
-MAY_SKIP_IN_CI = ("gpu", "tpu")
+#: Markers whose tests may skip under CI: CI machines have no accelerator, and run in a
+#: container without systemd-journald.
+MAY_SKIP_IN_CI = ("gpu", "tpu", "journald")
 
 
 @pytest.hookimpl(hookwrapper=True)

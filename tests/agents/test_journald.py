@@ -208,6 +208,7 @@ def _journald_running() -> str | None:
     return None
 
 
+@pytest.mark.journald
 @pytest.mark.skipif(_journald_running() is not None, reason=str(_journald_running()))
 def test_the_real_journald_serves_a_kernel_line_written_to_dev_kmsg(
     running: Callable[..., tuple[JournaldSource, Got, list[str]]],
