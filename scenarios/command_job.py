@@ -28,16 +28,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import string
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recovery import fsutil
 from recovery.errors import RecoverError
 
 if TYPE_CHECKING:
@@ -155,14 +152,9 @@ def control_digest(
         RecoverError: the command failed (its error output is quoted) or logged no
             ``completed`` event with a digest.
     """
-    d = cache / ("command-" + cache_key(command, steps, seed))
-    cached = d / "digest"
-    if cached.exists():
-        return cached.read_text().strip()
-    cache.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".tmp-control-", dir=cache))
-    try:
-        run = work / "run"
+    from scenarios.control import cached_digest
+
+    def produce(run: Path) -> str:
         argv = fill(command, run_dir=run, steps=steps, save_every=save_every, seed=seed,
                     step_sleep=0)  # fmt: skip
         done = subprocess.run(
@@ -173,18 +165,10 @@ def control_digest(
             raise RecoverError(
                 f"the control run of {argv} failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
             )
-        digest = final_digest(run / "events.jsonl")
-        shutil.rmtree(run)
-        fsutil.atomic_write(work / "digest", (digest + "\n").encode())
-        fsutil.atomic_write(work / "command.json", (json.dumps(list(command)) + "\n").encode())
-        try:
-            os.rename(work, d)
-        except OSError:
-            if not cached.exists():
-                raise
-        return cached.read_text().strip()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        return final_digest(run / "events.jsonl")
+
+    key = "command-" + cache_key(command, steps, seed)
+    return cached_digest(cache, key, produce, ("command.json", json.dumps(list(command))))
 
 
 def job_env(cache: Path) -> dict[str, str]:

@@ -122,14 +122,8 @@ def control_digest(
         return command_job.job_control_digest(job, cache)
     if train is None:
         train = functools.partial(run_train_ranks, processes=processes)
-    d = cache / cache_key(job, processes)
-    cached = d / "digest"
-    if cached.exists():
-        return cached.read_text().strip()
-    cache.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".tmp-control-", dir=cache))
-    try:
-        run = work / "run"
+
+    def produce(run: Path) -> str:
         args = [
             "--run-dir", str(run), "--steps", str(job.steps), "--save-every", str(job.steps),
             "--model", job.model, "--seed", str(job.seed),
@@ -138,14 +132,34 @@ def control_digest(
         status, err = train(args)
         if status != 0:
             raise RecoverError(f"the control run failed (exit {status}):\n{err[-2000:]}")
-        digest = _final_digest(run / "events.jsonl")
-        shutil.rmtree(run)  # its checkpoint is not needed, only the digest
+        return _final_digest(run / "events.jsonl")
+
+    config = json.dumps(
+        {**job.model_dump(include={"model", "steps", "seed"}), "processes": processes},
+        sort_keys=True,
+    )
+    return cached_digest(cache, cache_key(job, processes), produce, ("config.json", config))
+
+
+def cached_digest(
+    cache: Path, key: str, produce: Callable[[Path], str], note: tuple[str, str]
+) -> str:
+    """The control digest cached in ``cache/key``; else ``produce(run_dir)`` runs once in a
+    fresh folder beside it, and the digest is kept with ``note`` (file name, text: what was
+    run). The run's own files are dropped. When two runs race, the first rename wins and
+    both return its digest. Raises what ``produce`` raises."""
+    d = cache / key
+    cached = d / "digest"
+    if cached.exists():
+        return cached.read_text().strip()
+    cache.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".tmp-control-", dir=cache))
+    try:
+        run = work / "run"
+        digest = produce(run)
+        shutil.rmtree(run, ignore_errors=True)  # its checkpoints are not needed, only the digest
         fsutil.atomic_write(work / "digest", (digest + "\n").encode())
-        config = json.dumps(
-            {**job.model_dump(include={"model", "steps", "seed"}), "processes": processes},
-            sort_keys=True,
-        )
-        fsutil.atomic_write(work / "config.json", (config + "\n").encode())
+        fsutil.atomic_write(work / note[0], (note[1] + "\n").encode())
         try:
             os.rename(work, d)
         except OSError:
