@@ -419,9 +419,13 @@ def _wait(
     light: bool = False,
 ) -> None:
     """Poll until ``done()``; ScenarioTimeout past ``deadline`` (monotonic). With
-    ``fatal_end``, a job that ended first makes the wait fail at once (it cannot come true).
-    ``light``: read only the job's events, with a full poll every :data:`LIGHT_FULL_S`."""
+    ``fatal_end``, a job over for good first (:func:`_job_over`: COMPLETED, or ended and not
+    requeued within :data:`ENDED_SETTLE_S`) makes the wait fail (it cannot come true). A job
+    a fault just ended is FAILED for a moment before the coordinator requeues it: that is the
+    way to a requeue, not the end. ``light``: read only the job's events, with a full poll
+    every :data:`LIGHT_FULL_S`."""
     full_at = 0.0
+    ended: dict[str, float] = {}
     while True:
         if not light or time.monotonic() >= full_at:
             watch.poll()
@@ -430,7 +434,7 @@ def _wait(
             watch.poll_events()
         if done():
             return
-        if fatal_end and watch.job is not None and watch.job.finished:
+        if fatal_end and _job_over(watch, ended):
             raise ScenarioTimeout(f"the job ended ({watch.job.state}) while waiting for {what}")
         if time.monotonic() > deadline:
             raise ScenarioTimeout(f"timed out waiting for {what}")

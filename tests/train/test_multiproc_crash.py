@@ -73,8 +73,11 @@ def _crash_loop(
         if landed:
             others = [c for r, c in enumerate(codes) if r != victim]
             assert codes[victim] in (-signal.SIGKILL, 0), job.errors()
-            # 0: the run was already complete when the kill landed (its last exit).
-            assert set(others) <= {EXIT_PEER_LOST, 0}, f"run {i}: {codes}\n{job.errors()}"
+            # 0: the run was already complete when the kill landed (its last exit). Process 0
+            # hosts JAX's coordination service: at its death JAX's own error poll may abort a
+            # survivor (SIGABRT) before the group's news reaches it (docs/multiprocess.md).
+            allowed = {EXIT_PEER_LOST, 0} | ({-signal.SIGABRT} if victim == 0 else set())
+            assert set(others) <= allowed, f"run {i}: {codes}\n{job.errors()}"
         else:
             assert codes == [0] * k, f"run {i} ended before its kill: {codes}\n{job.errors()}"
     assert killed, "no kill landed while a run was training"
