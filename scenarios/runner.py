@@ -435,7 +435,8 @@ def _wait(
         if done():
             return
         if fatal_end and _job_over(watch, ended):
-            raise ScenarioTimeout(f"the job ended ({watch.job.state}) while waiting for {what}")
+            state = watch.job.state if watch.job is not None else "?"
+            raise ScenarioTimeout(f"the job ended ({state}) while waiting for {what}")
         if time.monotonic() > deadline:
             raise ScenarioTimeout(f"timed out waiting for {what}")
         time.sleep(interval_s)

@@ -90,6 +90,14 @@ def requeue_ended_needed(job: JobInfo, restart_count: int) -> bool:
     return job.finished and job.restart_count == restart_count
 
 
+def release_held_needed(job: JobInfo, restart_count: int) -> bool:
+    """Whether the ended run ``restart_count`` of ``job`` waits in Slurm's hold: Slurm 25.11
+    requeued it itself (expedited, its count one higher) but held it (``REQUEUE_HOLD``), as
+    it does when no Epilog failed. Releasing it is that run's requeue; once released (or
+    run again) it is not held, so a second call is a no-op. Pure."""
+    return job.state == "REQUEUE_HOLD" and job.restart_count == restart_count + 1
+
+
 class SlurmBase(ABC):
     """The SlurmControl contract (see the Protocol) over a backend's reads and raw requests.
 
@@ -294,9 +302,17 @@ class SlurmBase(ABC):
     def requeue_ended(self, job_id: str | int, restart_count: int) -> bool:
         """Requeue a job that ended, while it is still finished at ``restart_count``
         (:func:`requeue_ended_needed`, from a read just before the request). False (no-op)
-        when it is not, also when that changed between our read and the request."""
+        when it is not, also when that changed between our read and the request.
+
+        Slurm 25.11 may have requeued that run itself and held it (:func:`release_held_needed`:
+        an expedited job whose script failed while no Epilog failed, which happens when the
+        training died before the fault was reported); it is released instead."""
         jid = validate_job_id(job_id)
-        if not requeue_ended_needed(self.job(jid), restart_count):
+        info = self.job(jid)
+        if release_held_needed(info, restart_count):
+            self._request_release(jid)
+            return True
+        if not requeue_ended_needed(info, restart_count):
             return False
         try:
             self._request_requeue(jid)

@@ -28,6 +28,11 @@ finished at that count. A coordinator killed anywhere in between asks again afte
 which is a no-op once the first request landed (the count rose): one run is never requeued
 twice, whichever incidents see it. The budget counts the noted runs, rebuilt from the journal
 on start. The trail lives in memory: after a restart it starts from what Slurm shows then.
+
+Slurm 25.11 may have requeued such a run itself and hold it (``REQUEUE_HOLD``: an expedited
+job whose script failed while no Epilog failed, because the training died before the fault
+was reported). The trail follows it (seen on the node at the count before), it is judged
+like a failed run, and its requeue is its release (``requeue_ended`` releases it).
 """
 
 from __future__ import annotations
@@ -38,7 +43,14 @@ from enum import Enum
 
 from recovery.errors import RecoverError, TransientError, UsageError
 from recovery.model import Drain, RequeueJobs, TakeDown
-from recovery.policy.requeue import RequeueConfig, budget_used, describe_end, ended_on, judge
+from recovery.policy.requeue import (
+    RequeueConfig,
+    budget_used,
+    describe_end,
+    ended_on,
+    held_by_slurm,
+    judge,
+)
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import (
     ActionStatus,
@@ -299,8 +311,10 @@ class JobWatch:
             for job_id, note in notes.items()
             if note["outcome"] in (RequeueOutcome.noted, RequeueOutcome.requeued)
             and (job := by_id.get(job_id)) is not None
-            and job.finished
-            and job.restart_count == note["restart_count"]
+            and (
+                (job.finished and job.restart_count == note["restart_count"])
+                or held_by_slurm(job, note["restart_count"])
+            )
         ]
 
     def _phases(self, inc: IncidentRecord, tick: _Tick) -> None:
@@ -330,7 +344,8 @@ class JobWatch:
         verdict = judge(job, ran_at, used=used, config=config)
         if verdict is None:
             return None
-        ended = f"{describe_end(job)} at {job.end_time:.0f}"
+        # A run Slurm holds has no end time left (Slurm clears it at the requeue).
+        ended = describe_end(job) + (f" at {job.end_time:.0f}" if job.end_time else "")
         tick.ended.append(f"{job.job_id} {ended}")
 
         def note(outcome: RequeueOutcome, detail: str) -> RequeueNote:

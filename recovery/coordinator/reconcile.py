@@ -98,9 +98,9 @@ def follow_jobs(
     once every job that is still known runs again after a restart; ``in-allocation`` for a job
     that runs on without the node and was never requeued (a ``--no-kill`` job with spares of
     its own: Slurm dropped the node and the job recovers inside its allocation), which
-    counts as resolved. Jobs Slurm forgot or that
-    finished count as resolved, except those in ``awaiting``: ended jobs whose requeue the
-    coordinator noted and Slurm has not confirmed yet (:meth:`JobWatch.awaiting`).
+    counts as resolved. Jobs Slurm forgot, that finished, or that Slurm holds
+    (``REQUEUE_HOLD``) count as resolved, except those in ``awaiting``: ended jobs whose
+    requeue the coordinator noted and Slurm has not confirmed yet (:meth:`JobWatch.awaiting`).
     """
     initial = incident.info.get("job_restarts", {})
     have = {p.name for p in incident.phases}
@@ -111,10 +111,12 @@ def follow_jobs(
     unresolved = 0
     for job_id in incident.jobs:
         job = by_id.get(job_id)
-        if job is None or (job.finished and job_id not in awaiting):
+        # Held by Slurm (REQUEUE_HOLD, 25.11's expedited requeue): ended until released.
+        ended = job is not None and (job.finished or job.state == "REQUEUE_HOLD")
+        if job is None or (ended and job_id not in awaiting):
             continue
         restarted = job.restart_count > int(initial.get(job_id, 0))
-        if restarted or job.state == "PENDING":
+        if (restarted or job.state == "PENDING") and job.state != "REQUEUE_HOLD":
             requeued.append(job_id)
         if restarted and job.state == "RUNNING":
             running.append(f"{job_id}@{','.join(job.nodes)}")

@@ -20,7 +20,13 @@ The rules, each with the reason the incident records:
   ``--no-requeue`` (Slurm refuses), and at most ``budget`` times per job within
   ``budget_window_s``: a bug in the job's own code that crashes it (and trips a
   consequence XID) again and again is not requeued forever;
-* a job that ended on a node with no incident is never the coordinator's business.
+* a job that ended on a node with no incident is never the coordinator's business;
+* Slurm 25.11 requeues an expedited job (``--requeue=expedite``) whose script failed by
+  itself, but holds it (``REQUEUE_HOLD``, its restart count already one higher) when no
+  Epilog failed: our Epilog fails only for a node with an open incident, so a job whose
+  training died before the fault was reported is held. Such a held run is the fault's as
+  if it had ended FAILED; releasing it is its requeue (:func:`held_by_slurm`), under the same
+  rules (the do-not-restart status, the budget).
 
 Time: Unix seconds (Slurm's end times and the coordinator's wall clock).
 """
@@ -69,9 +75,20 @@ def ended_abnormally(job: JobInfo) -> bool:
     return job.state in ABNORMAL_END_STATES
 
 
+def held_by_slurm(job: JobInfo, ran_at: int) -> bool:
+    """Slurm requeued ``job``'s run ``ran_at`` itself and holds it (``REQUEUE_HOLD`` at
+    ``ran_at + 1``: Slurm 25.11's expedited requeue of a failed script with no failed
+    Epilog)."""
+    return job.state == "REQUEUE_HOLD" and job.restart_count == ran_at + 1
+
+
 def describe_end(job: JobInfo) -> str:
     """How ``job`` ended, for the record: ``FAILED exit 134``, ``FAILED signal 9``,
-    ``NODE_FAIL``."""
+    ``NODE_FAIL``; ``FAILED exit 134, held by Slurm`` for a run Slurm requeued in held
+    state (:func:`held_by_slurm`)."""
+    if job.state == "REQUEUE_HOLD":
+        how = f"exit {job.exit_code}" if job.exit_code else "a failure"
+        return f"FAILED {how}, held by Slurm"
     if job.signal:
         return f"{job.state} signal {job.signal}"
     if job.exit_code:
@@ -103,9 +120,11 @@ def judge(job: JobInfo, ran_at: int, *, used: int, config: RequeueConfig) -> Jud
     None when it is not ours to judge: still live, requeued since (a higher restart count),
     or ended in a way no fault causes (completed, cancelled, timed out). Otherwise a
     :class:`Judgement`: requeue it, or refuse with the reason (the do-not-restart status,
-    ``--no-requeue``, the budget).
+    ``--no-requeue``, the budget). A run Slurm requeued but holds (:func:`held_by_slurm`)
+    is judged as a failed one: its requeue is its release.
     """
-    if not job.finished or job.restart_count != ran_at or not ended_abnormally(job):
+    held = held_by_slurm(job, ran_at)
+    if not held and (not job.finished or job.restart_count != ran_at or not ended_abnormally(job)):
         return None
     end = describe_end(job)
     if job.exit_code == EXIT_DO_NOT_RESTART and not job.signal:

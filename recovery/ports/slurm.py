@@ -325,6 +325,8 @@ class SlurmControl(Protocol):
         Returns False (no-op) when it is not: it runs or waits again (requeued meanwhile by
         Slurm, its wrapper, an operator or an earlier call of ours; its restart count rose),
         or it is still live. So a second call for the same run never requeues it twice.
+        A run Slurm requeued in held state (``REQUEUE_HOLD`` at ``restart_count + 1``: Slurm
+        25.11's expedited requeue when no Epilog failed) is released instead (True).
         An unknown job (slurmctld forgot it) raises UsageError; a job Slurm will not requeue
         (``--no-requeue``) raises SlurmRefusedError."""
         ...

@@ -32,7 +32,13 @@ from recovery.ports.slurm import (
     validate_node_name,
 )
 from recovery.spares import SPARE_REASON
-from slurm.control import requeue_ended_needed, requeue_needed, resume_needed, take_out_plan
+from slurm.control import (
+    release_held_needed,
+    requeue_ended_needed,
+    requeue_needed,
+    resume_needed,
+    take_out_plan,
+)
 from tests.helpers import Crash
 
 
@@ -128,9 +134,7 @@ class FakeSlurm:
         """A running job on ``nodes`` (requeueable unless said otherwise); returns its id."""
         job_id = str(self._next_job)
         self._next_job += 1
-        self._jobs[job_id] = JobInfo(
-            job_id, name, "RUNNING", tuple(nodes), requeueable=requeueable
-        )
+        self._jobs[job_id] = JobInfo(job_id, name, "RUNNING", tuple(nodes), requeueable=requeueable)
         for n in nodes:
             self.set_node(n, state="ALLOCATED")
         return job_id
@@ -165,6 +169,15 @@ class FakeSlurm:
         """The job's batch script ends with ``exit_code`` (134: the training process died of
         SIGABRT, as on a lost GPU), or killed by ``signal``: FAILED now."""
         self.finish_job(job_id, "FAILED", exit_code=exit_code, signal=signal)
+
+    def fail_held(self, job_id: str, exit_code: int = 134) -> None:
+        """The job's batch script fails and Slurm 25.11 requeues it expedited but holds it
+        (no Epilog failed): REQUEUE_HOLD, restart count + 1, no nodes, the status kept."""
+        job = self._jobs[job_id]
+        self._jobs[job_id] = replace(
+            job, state="REQUEUE_HOLD", nodes=(), restart_count=job.restart_count + 1,
+            exit_code=exit_code, end_time=0.0, reason="job requeued in held state",
+        )  # fmt: skip
 
     def updates(self) -> list[tuple[str, ...]]:
         """The calls that changed Slurm (not the reads)."""
@@ -278,6 +291,10 @@ class FakeSlurm:
 
     def requeue_ended(self, job_id: str | int, restart_count: int) -> bool:
         job = self.job(job_id)
+        if release_held_needed(job, restart_count):
+            self._call("release", job.job_id)
+            self._jobs[job.job_id] = replace(job, state="PENDING", reason="")
+            return True
         if not requeue_ended_needed(job, restart_count):
             return False
         self._call("requeue", job.job_id)

@@ -8,7 +8,8 @@
   our reason and fails, so Slurm requeues the job by itself; it runs again elsewhere, never on
   that node, which keeps our reason.
 * A failed expedited job with no incident is held by Slurm (REQUEUE_HOLD); our requeue
-  releases it.
+  releases it, and so does the requeue of its ended run (``requeue_ended``), which is how a
+  real coordinator brings back a job whose training died before the fault was reported.
 """
 
 from __future__ import annotations
@@ -113,9 +114,64 @@ def test_a_failed_expedited_job_without_an_incident_is_held_until_we_requeue_it(
         job = ctl2511.job(job_id)
         return job if job.state == "REQUEUE_HOLD" else None
 
-    assert wait_for(held, 30, "the held requeue").nodes == ()  # it holds no node while held
+    got = wait_for(held, 30, "the held requeue")
+    assert (got.nodes, got.restart_count) == ((), 1)  # requeued already; holds no node
     assert ctl2511.requeue(job_id) is True  # released
     wait_for(lambda: runs_on(ctl2511, job_id, 1), 30, "the run after the release")
+
+
+def test_the_requeue_of_an_ended_run_that_slurm_holds_is_its_release(
+    ctl2511: CliSlurm, job_dir: Path
+) -> None:
+    """``requeue_ended`` of run 0, which Slurm requeued itself and holds (at count 1),
+    releases it once; asked again (a coordinator restarted in between), it is a no-op."""
+    job_id = submit(ctl2511, job_dir)
+    wait_for(lambda: runs_on(ctl2511, job_id, 0), 30, "the first run")
+    (job_dir / "stop.0").touch()
+    wait_for(lambda: ctl2511.job(job_id).state == "REQUEUE_HOLD", 30, "the held requeue")
+    assert ctl2511.requeue_ended(job_id, 1) is False  # not run 1's: untouched
+    assert ctl2511.job(job_id).state == "REQUEUE_HOLD"
+    assert ctl2511.requeue_ended(job_id, 0) is True
+    assert ctl2511.requeue_ended(job_id, 0) is False
+    wait_for(lambda: runs_on(ctl2511, job_id, 1), 30, "the run after the release")
+    assert ctl2511.job(job_id).restart_count == 1  # released, not requeued a second time
+
+
+def test_training_that_died_before_the_fault_was_reported_is_released_by_the_coordinator(
+    local_cluster_2511: LocalCluster, ctl2511: CliSlurm, job_dir: Path, tmp_path: Path
+) -> None:
+    """The way a lost GPU goes when the report is slow: the process dies, the batch script
+    fails, no incident is open yet, so Slurm holds the expedited job (no Epilog failed; this
+    cluster runs none). The fault's report then reaches a real, acting coordinator: it takes
+    the node out and releases the job, which runs again elsewhere, never there."""
+    state = tmp_path / "coordinator"
+    ep = coordinator_proc.start(
+        state, slurm_conf=local_cluster_2511.conf_path, extra_args=("--slurm-backend", "cli")
+    )
+    try:
+        client = Client(ep.url, admin_token(state / statedir.TOKENS_FILE))
+        job_id = submit(ctl2511, job_dir)
+        first = wait_for(lambda: runs_on(ctl2511, job_id, 0), 30, "the first run")
+        since = time.time()
+        wait_for(lambda: (client.get("/v1/status")["seen_at"] or 0) > since + 1, 30,
+                 "a coordinator tick that saw the job running")  # fmt: skip
+        (job_dir / "stop.0").touch()  # training died: the batch script fails
+        wait_for(lambda: ctl2511.job(job_id).state == "REQUEUE_HOLD", 30, "Slurm's hold")
+        assert client.get("/v1/incidents") == []  # a failing job says nothing by itself
+        report(client, first, "xid79")
+        second = wait_for(lambda: runs_on(ctl2511, job_id, 1), 60, "the run after the release")
+        assert second != first
+        assert ctl2511.node(first).down
+        wait_for(lambda: output_lines(job_dir, 1), 15, "output of the second run")
+        assert first not in nodes_of_run(job_dir, 1)
+        (inc,) = [i for i in client.get("/v1/incidents") if i["node"] == first]
+        phases = {
+            p["name"]: p["detail"] for p in client.get(f"/v1/incidents/{inc['id']}")["phases"]
+        }
+        assert phases["job-ended"] == f"{job_id} FAILED exit 134, held by Slurm"
+        assert phases["jobs-requeued"].endswith("requeued by the coordinator)")
+    finally:
+        coordinator_proc.stop(state)
 
 
 # --- our Epilog and a real coordinator --------------------------------------------------------

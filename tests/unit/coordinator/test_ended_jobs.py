@@ -396,3 +396,70 @@ def test_an_incident_that_moves_no_jobs_follows_only_the_live_ones(rig: Rig) -> 
     by_id = {j.job_id: j for j in rig.slurm.jobs()}
     assert watch.at_decision("n1", now, listing, by_id, now) == {live: 0, failed: 0, moved: 0}
     assert watch.at_decision("n1", now, listing, by_id, now, moves_jobs=False) == {live: 0}
+
+
+# --- Slurm 25.11: an expedited job whose script failed with no failed Epilog is held ----------
+
+
+def releases(rig: Rig) -> list[tuple[str, ...]]:
+    return [c for c in rig.slurm.updates() if c[0] == "release"]
+
+
+def test_a_job_slurm_holds_after_the_process_died_first_is_released_once(rig: Rig) -> None:
+    """The training died before the fault was reported, so our Epilog found no incident and
+    passed; Slurm 25.11 requeued the expedited job but holds it. The fault's incident
+    releases it (its requeue) and follows it until it runs again."""
+    job = rig.slurm.run_job(["n1"])
+    rig.engine.step()  # a tick sees the job on n1 at restart count 0
+    rig.clock.advance(1)
+    rig.slurm.fail_held(job)
+    rig.engine.step()
+    assert rig.journal.incidents() == []  # a held job says nothing by itself
+    rig.clock.advance(2)
+    rig.send(event("n1", "xid79", observed_at=rig.clock.now().wall - 0.5))
+    rig.engine.step()
+    assert releases(rig) == [("release", job)]
+    assert requeues(rig) == []
+    got = rig.slurm.job(job)
+    assert (got.state, got.restart_count) == ("PENDING", 1)
+    inc = rig.incident("n1")
+    assert inc.jobs == (job,)
+    assert inc.info["job_restarts"] == {job: 0}
+    note = inc.info["requeues"][job]
+    assert (note["outcome"], note["restart_count"]) == (RequeueOutcome.requeued, 0)
+    assert note["ended"] == "FAILED exit 134, held by Slurm"
+    detail = {p.name.value: p.detail for p in inc.phases}
+    assert detail["job-ended"] == f"{job} FAILED exit 134, held by Slurm"
+    assert detail["jobs-requeued"].endswith("requeued by the coordinator)")
+    assert inc.status is IncidentStatus.open  # until the job runs again
+    for _ in range(3):
+        rig.engine.step()
+    assert releases(rig) == [("release", job)]  # never twice
+    rig.slurm.start_job(job, ["n2"])
+    rig.engine.step()
+    assert rig.phases("n1")[-2:] == ["job-running", "closed"]
+
+
+def test_a_held_job_with_the_do_not_restart_status_stays_held(rig: Rig) -> None:
+    job = rig.slurm.run_job(["n1"])
+    rig.engine.step()
+    rig.slurm.fail_held(job, EXIT_DO_NOT_RESTART)
+    rig.send(event("n1", "xid79", observed_at=rig.clock.now().wall))
+    for _ in range(3):
+        rig.engine.step()
+    assert releases(rig) == []
+    assert rig.slurm.job(job).state == "REQUEUE_HOLD"
+    inc = rig.incident("n1")
+    assert inc.info["requeues"][job]["outcome"] == RequeueOutcome.refused
+    assert inc.status is IncidentStatus.closed  # nothing left to follow
+
+
+def test_a_held_job_of_a_healthy_node_is_left_alone(rig: Rig) -> None:
+    job = rig.slurm.run_job(["n1"])
+    rig.engine.step()
+    rig.slurm.fail_held(job, 1)
+    rig.send(event("n2", "xid79", observed_at=rig.clock.now().wall))
+    for _ in range(3):
+        rig.engine.step()
+    assert releases(rig) == []
+    assert rig.incident("n2").jobs == ()

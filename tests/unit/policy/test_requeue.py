@@ -15,6 +15,7 @@ from recovery.policy.requeue import (
     budget_used,
     describe_end,
     ended_on,
+    held_by_slurm,
     judge,
 )
 from recovery.ports.slurm import JobInfo
@@ -23,6 +24,8 @@ from recovery.train.preempt import EXIT_DO_NOT_RESTART, EXIT_PREEMPTED
 T = 1_800_000_000.0
 FAILED = JobInfo("7", "train", "FAILED", ("n1", "n2"), 2, exit_code=134, end_time=T)
 CONFIG = RequeueConfig()
+#: Run 2 failed and Slurm 25.11 requeued it expedited but holds it (no Epilog failed).
+HELD = JobInfo("7", "train", "REQUEUE_HOLD", (), 3, exit_code=134)
 
 
 def test_the_two_exit_statuses_differ_and_are_plain_numbers() -> None:
@@ -54,6 +57,8 @@ def test_every_abnormal_end_counts(state: str) -> None:
         replace(FAILED, state="TIMEOUT"),
         replace(FAILED, state="OUT_OF_MEMORY"),
         replace(FAILED, state="PREEMPTED"),
+        replace(HELD, restart_count=4),  # held after a later run: not the node's run
+        replace(HELD, restart_count=2),
     ],
 )
 def test_not_ours_to_judge(job: JobInfo) -> None:
@@ -165,3 +170,18 @@ def test_bad_requeue_sections_name_what_is_valid(tmp_path: Path, text: str, mess
     path.write_text(text + "\n")
     with pytest.raises(PolicyFileError, match=message):
         load_policy_config(path)
+
+
+def test_a_run_slurm_holds_is_judged_as_a_failed_one() -> None:
+    assert held_by_slurm(HELD, 2)
+    assert not held_by_slurm(HELD, 3)
+    assert not held_by_slurm(replace(HELD, state="PENDING"), 2)
+    verdict = judge(HELD, 2, used=0, config=CONFIG)
+    assert verdict is not None
+    assert (verdict.requeue, verdict.why) == (True, "FAILED exit 134, held by Slurm")
+    refused = judge(replace(HELD, exit_code=EXIT_DO_NOT_RESTART), 2, used=0, config=CONFIG)
+    assert refused is not None
+    assert not refused.requeue
+    spent = judge(HELD, 2, used=CONFIG.budget, config=CONFIG)
+    assert spent is not None
+    assert not spent.requeue
