@@ -16,7 +16,10 @@ What it does, in order:
    be on its way when training's death ends the script. The wait ends as soon as an incident
    is open on any node of the job (``SLURM_JOB_NODELIST``): on a multi-node job the other
    nodes' Epilogs then pass at once instead of holding the requeue up for the whole wait.
-3. An open incident on this node: drain the node with our reason (``scontrol update
+3. An open incident on this node whose verdict takes the node out (any verdict but those
+   in ``KEEPS_NODE``: an application restart keeps the node, and a failed Epilog would make
+   Slurm drain it; the job then waits in Slurm's hold until the coordinator's own requeue
+   releases it): drain the node with our reason (``scontrol update
    ... State=DRAIN Reason="recover: ..."``), unless it is out of service with our reason
    already (the coordinator's, which says more), and exit 1. Draining first matters: Slurm drains a
    node whose Epilog failed with reason "Epilog error", which would read as someone else's mark;
@@ -52,6 +55,8 @@ from typing import Any
 OWNER_PREFIX = "recover:"
 FAIL = 1
 PASS = 0
+#: Verdicts that keep the node in service (recovery.model.Verdict's values): no take-out.
+KEEPS_NODE = frozenset({"restart-app", "observe", "ignore"})
 
 
 def log(msg: str) -> None:
@@ -184,6 +189,10 @@ def decide(args: argparse.Namespace, env: dict[str, str]) -> int:
     if not found:
         return PASS
     inc = found[0]
+    if inc.get("verdict") in KEEPS_NODE:
+        log(f"job {job}: node {node}'s incident {inc.get('id')} keeps the node "
+            f"({inc.get('verdict')}); passing")  # fmt: skip
+        return PASS
     reason = f"{OWNER_PREFIX} {inc.get('fault', 'fault')} (incident {inc.get('id', '?')}, epilog)"
     if not held_by_us(node, args.timeout):
         drain(node, reason, args.timeout)

@@ -151,12 +151,12 @@ def catalogue_faults() -> tuple[str, ...]:
 
 
 @functools.cache
-def cannot_save(fault: str) -> bool:
-    """True for a catalogue fault whose jobs cannot checkpoint on the way out (xid79)."""
+def kills_work(fault: str) -> bool:
+    """True for a catalogue fault that kills the accelerator work it hits (xid79, xid95)."""
     from recovery.policy import load_catalogue
 
     spec = load_catalogue().lookup(fault)
-    return spec is not None and not spec.can_save
+    return spec is not None and spec.kills_work
 
 
 def _one_line(value: object) -> object:
@@ -401,10 +401,10 @@ class Entry(_Strict):
     @property
     def kills_training(self) -> bool:
         """Whether the faulted node's training process is SIGABRTed with the fault (see the module
-        docstring: default from the catalogue's ``can_save``)."""
+        docstring: default from the catalogue's ``kills_work``)."""
         if self.fault is None or self.fault in SPECIAL_FAULTS:
             return False
-        return cannot_save(self.fault) if self.crash_training is None else self.crash_training
+        return kills_work(self.fault) if self.crash_training is None else self.crash_training
 
 
 def _journal_phase(name: str) -> str:

@@ -213,11 +213,21 @@ class Watcher:
         return self.job.nodes
 
     def requeued(self) -> bool:
-        """The job ran, is back in the queue, and its training process has exited."""
+        """The job ran, was requeued, and its next run's training has not started: no
+        training process lives, and the job is back in the queue or, given nodes again
+        already (Slurm 25.11's expedited requeue starts it within a second), at a restart
+        count no training run has started at yet."""
         job = self.job
-        if job is None or not self.job_was_running or self.training_pid() is not None:
+        if job is None or not self.job_was_running or job.finished:
             return False
-        return job.state == "PENDING"
+        if self.training_pid() is not None:
+            return False
+        if job.state == "PENDING":
+            return True
+        started = [
+            int(e.get("restart_count", 0)) for e in self.events if e.get("event") == "started"
+        ]
+        return job.restart_count > max(started, default=0)
 
 
 def _tail_events(path: Path, size: int = 65536) -> list[dict[str, Any]]:

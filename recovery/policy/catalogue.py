@@ -37,7 +37,7 @@ SXID_RE = re.compile(r"^sxid(0|[1-9][0-9]{0,5})$")
 _E = TypeVar("_E", bound=StrEnum)
 
 _REQUIRED = ("title", "severity", "verdict", "says")
-_OPTIONAL = ("can_save", "companions", "with_companion", "follows", "job_fault")
+_OPTIONAL = ("can_save", "kills_work", "companions", "with_companion", "follows", "job_fault")
 
 
 class Severity(StrEnum):
@@ -54,6 +54,11 @@ class FaultSpec:
 
     ``says`` is one line of what NVIDIA (or the operators' runbook) says to do. ``can_save``
     is False when the jobs cannot checkpoint on the way out (the GPU or node is gone).
+    ``kills_work`` is True when the fault kills the accelerator work it hits (the process
+    using that GPU dies at once, as DESIGN.md's failure model says); it defaults to
+    ``not can_save``. XID 95 kills the work on one GPU while the node's other processes may
+    still save, so it kills work and can save. Scenarios stage a fault that kills work by
+    killing the training process (``crash_training``).
     ``companions`` are faults that join this one's incident within the correlation window, and
     ``with_companion`` the verdict when one was seen within it (None: ``verdict``);
     ``follows`` marks a fault that is only ever a consequence of another one; ``job_fault``
@@ -67,6 +72,7 @@ class FaultSpec:
     verdict: Verdict
     says: str
     can_save: bool = True
+    kills_work: bool = False
     companions: frozenset[str] = frozenset()
     with_companion: Verdict | None = None
     follows: bool = False
@@ -185,7 +191,8 @@ def _entry(code: str, raw: Any, where: str) -> FaultSpec:
         severity=_choice(Severity, data["severity"], f"{where}: field 'severity'"),
         verdict=_choice(Verdict, data["verdict"], f"{where}: field 'verdict'"),
         says=one_line(data["says"], f"{where}: field 'says'"),
-        can_save=boolean(data.get("can_save", True), f"{where}: field 'can_save'"),
+        can_save=(can_save := boolean(data.get("can_save", True), f"{where}: field 'can_save'")),
+        kills_work=boolean(data.get("kills_work", not can_save), f"{where}: field 'kills_work'"),
         companions=frozenset(companions),
         with_companion=(
             None

@@ -95,8 +95,8 @@ def run_epilog(
     return done.returncode, done.stderr, made
 
 
-def incident(node: str) -> dict[str, Any]:
-    return {"id": "inc-7", "node": node, "fault": "xid79", "status": "open"}
+def incident(node: str, fault: str = "xid79", verdict: str = "replace") -> dict[str, Any]:
+    return {"id": "inc-7", "node": node, "fault": fault, "verdict": verdict, "status": "open"}
 
 
 def test_a_failed_job_on_a_faulted_node_fails_the_epilog_and_drains_it_as_ours(
@@ -112,6 +112,20 @@ def test_a_failed_job_on_a_faulted_node_fails_the_epilog_and_drains_it_as_ours(
         "--oneliner show node n1",
         "update NodeName=n1 State=DRAIN Reason=recover: xid79 (incident inc-7, epilog)",
     ]
+
+
+def test_an_incident_that_keeps_the_node_passes_without_draining(
+    tmp_path: Path, coordinator: Coordinator
+) -> None:
+    """XID 94 (restart-app): the node stays in service. A failed Epilog would make Slurm
+    drain it; passing leaves the expedited job held for the coordinator's requeue."""
+    coordinator.incidents = [incident("n1", "xid94", "restart-app")]
+    rc, log, calls = run_epilog(
+        tmp_path, "34304", "--coordinator-dir", str(tmp_path / "coordinator")
+    )
+    assert rc == 0, log
+    assert "keeps the node (restart-app); passing" in log
+    assert calls == []
 
 
 def test_a_node_the_coordinator_took_out_keeps_its_reason(

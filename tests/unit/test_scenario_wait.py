@@ -1,14 +1,19 @@
 """The scenario runner's wait on a trigger: a job a fault just ended (FAILED, about to be
-requeued by the coordinator) must not end the wait; a job over for good must."""
+requeued by the coordinator) must not end the wait; a job over for good must. And when the
+``job: requeued`` trigger fires."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from recovery.ports.slurm import JobInfo
 from scenarios import runner
+from scenarios.watch import Watcher
 
 
 class _Script:
@@ -61,3 +66,38 @@ def test_without_fatal_end_an_ended_job_waits_for_the_deadline() -> None:
     with pytest.raises(runner.ScenarioTimeout, match="timed out waiting for x"):
         runner._wait(watch, time.monotonic() + 0.05, "x",  # type: ignore[arg-type]
                      lambda: False, interval_s=0.01)  # fmt: skip
+
+
+# --- the `job: requeued` trigger -----------------------------------------------------------
+
+
+def _watcher(tmp_path: Path, state: str, restarts: int, started_runs: list[int]) -> Watcher:
+    watch = Watcher(tmp_path, "1", slurm=None, client=None, say=print)  # type: ignore[arg-type]
+    watch.job = JobInfo("1", "train", state, restart_count=restarts)
+    watch.job_was_running = True
+    watch.events = [{"event": "started", "restart_count": r} for r in started_runs]
+    return watch
+
+
+@pytest.mark.parametrize(
+    ("state", "restarts", "started", "fired"),
+    [
+        ("PENDING", 1, [0], True),  # back in the queue
+        ("RUNNING", 1, [0], True),  # 25.11: given nodes again at once, training not started
+        ("RUNNING", 1, [0, 1], False),  # the new run's training started: too late
+        ("RUNNING", 0, [0], False),  # the first run, still running
+        ("RUNNING", 0, [], False),  # the first run, its training not started yet
+        ("COMPLETED", 1, [0], False),  # over
+        ("FAILED", 0, [0], False),  # ended, not requeued (yet)
+    ],
+)
+def test_requeued(
+    tmp_path: Path, state: str, restarts: int, started: list[int], fired: bool
+) -> None:
+    assert _watcher(tmp_path, state, restarts, started).requeued() is fired
+
+
+def test_not_requeued_while_a_training_process_lives(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / ".lock").write_text(str(os.getpid()))
+    assert _watcher(tmp_path, "PENDING", 1, [0]).requeued() is False

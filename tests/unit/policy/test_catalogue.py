@@ -68,6 +68,8 @@ def test_every_entry_has_its_verdict_and_plan(
     assert spec.says
     assert "\n" not in spec.says
     assert spec.can_save is (fault not in NO_SAVE)
+    # DESIGN.md: XID 94 kills its one context, XID 95 every context on the GPU.
+    assert spec.kills_work is (fault in NO_SAVE or fault in ("xid94", "xid95"))
     d = run.send(fault)
     assert d.verdict is verdict
     plan = [TakeDown, PromoteSpare] if verdict is D and not spec.can_save else PLANS[verdict]
