@@ -20,6 +20,7 @@ from typing import Any
 from recovery.checkpoint.scan import committed_steps, step_path
 from recovery.errors import RecoverError, UsageError
 from recovery.httpapi.client import inject
+from recovery.supervise import agents as agents_proc
 from scenarios.rig import Rig
 from scenarios.schema import FAULT_NODE, JOB_NODE, Entry
 from scenarios.watch import Watcher
@@ -60,8 +61,9 @@ def crash_first(
     entry: Entry, rig: Rig, watch: Watcher, fault_node: str | None, say: Say
 ) -> Crash | None:
     """For a fault that kills the training (``entry.kills_training``), SIGABRT the process on
-    the fault's node now, the moment the trigger fired: the process dies first and the agent
-    reports later, as on real hardware. None for any other entry. Raises as :func:`carry_out`.
+    the fault's node (on each node of a ``burst``) now, the moment the trigger fired: the
+    process dies first and the agent reports later, as on real hardware. None for any other
+    entry. Raises as :func:`carry_out`.
     """
     if not entry.kills_training:
         return None
@@ -72,7 +74,9 @@ def crash_first(
     here = last.get("node") if last else None
     nodes = [here] if isinstance(here, str) else _targets(entry, watch, fault_node)
     at = time.time()
-    return Crash(nodes, at, _crash_training(watch, nodes[0], say))
+    # A burst: the fault hits every one of its nodes, and kills the training on each.
+    notes = [_crash_training(watch, n, say) for n in nodes]
+    return Crash(nodes, at, "; ".join(notes))
 
 
 def carry_out(
@@ -98,6 +102,8 @@ def carry_out(
         return _damage_checkpoint(entry, watch.run_dir, say)
     if entry.fault == "slurmd-crash":
         return _crash_slurmd(rig, _targets(entry, watch, fault_node)[0], say)
+    if entry.fault == "node-hang":
+        return _hang_node(rig, _targets(entry, watch, fault_node)[0], say)
     if crash is None:
         crash = crash_first(entry, rig, watch, fault_node, say)
     nodes = crash.nodes if crash is not None else _targets(entry, watch, fault_node)
@@ -126,7 +132,7 @@ def _inject(
     entry: Entry, fault: str, rig: Rig, nodes: list[str], crash: Crash | None, say: Say
 ) -> Done:
     done = Done(node=nodes[0])
-    killed_at = crash.at if crash is not None and crash.node == nodes[0] else None
+    killed_at = crash.at if crash is not None and crash.nodes == nodes else None
     if crash is not None:
         done.notes.append(f"{fault}: {crash.note}")
     count = entry.repeat.count if entry.repeat else 1
@@ -139,7 +145,7 @@ def _inject(
         for node, at, reply in replies:
             record = {"fault": fault, "node": node, "via": entry.path, "at": at,
                       "gpu": gpu, "event_id": reply.get("event_id")}  # fmt: skip
-            if killed_at is not None and i == 0 and node == nodes[0]:
+            if killed_at is not None and i == 0:
                 # The fault happened when the process died; the report measures from there.
                 record.update(at=killed_at, injected_at=at, killed="training process")
             done.faults.append(record)
@@ -199,6 +205,61 @@ def _crash_slurmd(rig: Rig, node: str, say: Say) -> Done:
         faults=[{"fault": "slurmd-crash", "node": node, "via": "slurmd-kill", "at": at}],
         node=node,
     )
+
+
+#: How long a hung node stays hung once it is out of service, before it is power-cycled (its
+#: processes die). Slurm finishes the requeued job's end only once its requests to the node
+#: time out or the node is gone, so this bounds the scenario's requeue too.
+POWER_CYCLE_AFTER_S = 8.0
+#: A hung node is power-cycled at the latest this long after it hung, out or not.
+HANG_AT_MOST_S = 300.0
+
+
+def _hang_node(rig: Rig, node: str, say: Say) -> Done:
+    """A node that hangs (a kernel hang, a wedged PCIe switch): everything on it stops at
+    once, slurmd, the job's processes there and its agent, without exiting or closing a
+    socket. The job's processes elsewhere block until something ends them; Slurm marks the
+    node DOWN after SlurmdTimeout and requeues the job. The hung training process still holds
+    the run lock, as it would on shared storage until the node is power-cycled: here it is,
+    :data:`POWER_CYCLE_AFTER_S` after the node went out of service (a thread of the runner)."""
+    local = rig.need_local("node-hang")
+    agent = agents_proc.running(local.coordinator_dir).get(node)
+    also = [agent] if agent is not None else []
+    at = time.time()
+    frozen = local.cluster.freeze_node(node, also)
+    say(f"{node} hangs: {len(frozen)} process(es) stopped (slurmd, the job's processes, its agent)")
+    cycle = threading.Thread(
+        target=_power_cycle_when_out, args=(rig, node, also, say), daemon=True,
+        name=f"power-cycle-{node}",
+    )  # fmt: skip
+    cycle.start()
+    return Done(
+        faults=[{"fault": "node-hang", "node": node, "via": "sigstop", "at": at}],
+        node=node,
+        notes=[f"node-hang: {len(frozen)} process(es) of {node} stopped"],
+    )
+
+
+def _power_cycle_when_out(rig: Rig, node: str, also: list[int], say: Say) -> None:
+    local = rig.need_local("node-hang")
+    start = time.monotonic()
+    out_at: float | None = None
+    while time.monotonic() - start < HANG_AT_MOST_S:
+        now = time.monotonic()
+        if out_at is not None and now - out_at >= POWER_CYCLE_AFTER_S:
+            break
+        try:
+            if out_at is None and rig.slurm.node(node).out_of_service:
+                out_at = now
+        except RecoverError:
+            pass  # slurmctld busy or restarting: ask again
+        time.sleep(0.5)
+    try:
+        killed = local.cluster.crash_node(node, also)
+    except RecoverError as e:  # the cluster is going down already
+        say(f"power cycle of {node} not done: {e}")
+        return
+    say(f"{node} power-cycled: its {len(killed)} hung process(es) are gone")
 
 
 def _damage_checkpoint(entry: Entry, run_dir: Path, say: Say) -> Done:

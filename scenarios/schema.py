@@ -33,8 +33,8 @@ Top level
     them afterwards. ``existing: {slurm_conf, coordinator, token_file, partition}`` runs on a
     cluster that is already up instead (each default from ``$SLURM_CONF``,
     ``$RECOVER_COORDINATOR``, ``$RECOVER_TOKEN_FILE``; partition: every partition); its agents
-    must run the ``inject`` source. ``slurmd-crash``, ``coordinator-kill`` and
-    ``crash_training`` need the local cluster.
+    must run the ``inject`` source. ``slurmd-crash``, ``node-hang``, ``coordinator-kill``
+    and ``crash_training`` need the local cluster.
 
 ``job`` - the training job, *required*
     ``steps`` *required* (final step), ``save_every`` *required* (checkpoint interval in
@@ -59,6 +59,10 @@ Top level
 
     - ``slurmd-crash``: SIGKILL the node's slurmd and its job processes (a node losing power);
       no agent reports anything, Slurm marks the node DOWN after ``slurmd_timeout_s``;
+    - ``node-hang``: SIGSTOP the node's slurmd, its job processes and its agent (a node that
+      hangs: nothing exits, no socket closes, the job's other processes block); Slurm marks
+      it DOWN after ``slurmd_timeout_s``; 8 s after it is out of service it is power-cycled
+      (its processes killed), until then its training process holds the run lock;
     - ``checkpoint-corrupt``: flip one byte of the largest data file of the job's newest
       checkpoint; ``checkpoint-truncate``: cut that file to half its size;
     - ``coordinator-kill``: SIGKILL the coordinator and (``restart``, default true) start it
@@ -81,7 +85,7 @@ Top level
     processes are left alone (they stop by themselves when their peer is lost, and the job
     ends FAILED for the coordinator to requeue); default true for faults the catalogue says
     cannot save (``xid79``, ``gpu-lost``, ...), false otherwise (the job saves on its way out).
-    Only ``slurmd-crash`` stops a whole node.
+    Only ``slurmd-crash`` and ``node-hang`` stop a whole node.
 
     ``when`` (default ``{after_s: 0}``), exactly one of: ``step: N`` (the job finished step
     N), ``checkpoint: N`` (a checkpoint of step N or later is durable), ``after_s: S`` (S
@@ -133,6 +137,7 @@ from recovery.report.phases import ReportPhase
 #: Things a scenario can do besides injecting a catalogue fault through an agent.
 SPECIAL_FAULTS: dict[str, str] = {
     "slurmd-crash": "SIGKILL the node's slurmd and its job processes; no agent event",
+    "node-hang": "SIGSTOP the node's slurmd, job processes and agent; power-cycled once out",
     "checkpoint-corrupt": "flip one byte in the newest checkpoint's largest data file",
     "checkpoint-truncate": "cut the newest checkpoint's largest data file to half",
     "coordinator-kill": "SIGKILL the coordinator, then start it again on the same address",
@@ -390,6 +395,8 @@ class Entry(_Strict):
         """How the fault travels: ``agent``, ``kmsg``, ``slurmd-kill``, ``file``, ``sigkill``."""
         if self.fault == "slurmd-crash":
             return "slurmd-kill"
+        if self.fault == "node-hang":
+            return "sigstop"
         if self.fault in ("checkpoint-corrupt", "checkpoint-truncate"):
             return "file"
         if self.fault == "coordinator-kill":

@@ -8,11 +8,13 @@ cluster status``, the pytest fixtures and the benchmarks use it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -284,17 +286,37 @@ class LocalCluster:
 
     # --- node faults (tests, demo) ------------------------------------------------------
 
-    def crash_node(self, name: str) -> list[int]:
-        """SIGKILL ``name``'s slurmd and its job steps and job processes, as a node losing
-        power would; slurmctld notices after SlurmdTimeout. Returns the pids killed.
+    def crash_node(self, name: str, also: Iterable[int] = ()) -> list[int]:
+        """SIGKILL ``name``'s slurmd and its job steps and job processes (and the processes in
+        ``also``), as a node losing power would; slurmctld notices after SlurmdTimeout.
+        Returns the pids killed.
 
         Raises UsageError naming the cluster's nodes for an unknown one, ClusterError when no
         cluster runs here.
         """
         info = self._running_info()
         key = self._node_key(info, name)
-        targets = procs.cluster_processes(str(self.state_dir), [info.pids[key]], node=name)
+        roots = [info.pids[key], *also]
+        targets = procs.cluster_processes(str(self.state_dir), roots, node=name)
         procs.stop((), kill_now=targets, sleep=self._sleep, clock=self._clock)
+        return sorted(targets)
+
+    def freeze_node(self, name: str, also: Iterable[int] = ()) -> list[int]:
+        """SIGSTOP ``name``'s slurmd, its job steps and job processes, and the processes in
+        ``also`` (its agent), as a node that hangs: nothing there runs, answers or exits,
+        and its sockets stay open. slurmctld notices after SlurmdTimeout. The processes stay
+        stopped until killed (:meth:`crash_node` with ``also``, as a power cycle does).
+        Returns the pids stopped.
+
+        Raises UsageError naming the cluster's nodes for an unknown one, ClusterError when no
+        cluster runs here.
+        """
+        info = self._running_info()
+        key = self._node_key(info, name)
+        targets = procs.cluster_processes(str(self.state_dir), [info.pids[key], *also], node=name)
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
         return sorted(targets)
 
     def restart_node(self, name: str) -> int:

@@ -59,6 +59,14 @@ def train(
         int | None,
         typer.Option(help="Split the host CPU into N JAX devices (sets XLA_FLAGS)."),
     ] = None,
+    lock_wait: Annotated[
+        float,
+        typer.Option(
+            help="Seconds to wait for the run lock while another process holds it: an "
+            "earlier run's process on a node that hung keeps it until the node is "
+            "power-cycled (on NFS, until its lease runs out, 90 s by default). Then exit 3."
+        ),
+    ] = 120.0,
 ) -> None:
     """Train a small real JAX model with verified, resumable checkpoints.
 
@@ -104,6 +112,7 @@ def train(
                 keep_every=keep_every,
                 async_save=not sync_save,
                 step_sleep=step_sleep,
+                lock_wait=lock_wait,
                 compile_cache=None
                 if no_compile_cache
                 else (compile_cache or run_dir / "compile-cache"),

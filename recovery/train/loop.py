@@ -129,7 +129,7 @@ def _run(
     )
     if topology.multi:
         return _run_multi(opts, topology, spec, config, store, preemption, environ, clock, log)
-    with RunLock(ckpt_root).held():
+    with RunLock(ckpt_root).held(opts.lock_wait, on_wait=_waiting_for_lock(opts, log)):
         leftovers = store.remove_leftovers()
         events = EventLog(events_file(opts.run_dir), context=slurm_context(environ), clock=clock)
         try:
@@ -160,7 +160,8 @@ def _run_multi(
         ranks = start(topology, events, log, environ=dict(environ))
         with failing_together(ranks):
             lead = topology.rank == 0
-            with RunLock(store.root).held() if lead else nullcontext():
+            locked = RunLock(store.root).held(opts.lock_wait, on_wait=_waiting_for_lock(opts, log))
+            with locked if lead else nullcontext():
                 leftovers = store.remove_leftovers() if lead else []
                 ranks.group.barrier()  # nobody writes before the leftovers are gone
                 mesh = M.make_mesh(topology.size)
@@ -170,6 +171,16 @@ def _run_multi(
                 return outcome
     finally:
         events.close()
+
+
+def _waiting_for_lock(opts: TrainOptions, log: Log) -> Callable[[str], None]:
+    def say(holder: str) -> None:
+        log(
+            f"the run lock is held by pid {holder} (a process of an earlier run, on a node "
+            f"that hung?); waiting up to {opts.lock_wait:g} s for it"
+        )
+
+    return say
 
 
 def _use_compile_cache(directory: Path | None) -> None:

@@ -44,6 +44,10 @@ class TrainOptions:
     """Seconds to pause after each step: stretches tiny runs for demos and fault tests."""
     compile_cache: Path | None = None
     """JAX persistent compilation cache; a restarted job skips recompiling. None: off."""
+    lock_wait: float = 0.0
+    """Seconds to wait for the run lock while another process holds it (an earlier run's
+    process on a node that hung keeps it until the node is power-cycled); then
+    RunLockedError."""
 
 
 @dataclass(frozen=True)
@@ -64,3 +68,5 @@ def validate(opts: TrainOptions) -> None:
         raise UsageError(f"--save-every must be >= 1 (got {opts.save_every})")
     if opts.step_sleep < 0:
         raise UsageError(f"--step-sleep must be >= 0 (got {opts.step_sleep})")
+    if opts.lock_wait < 0:
+        raise UsageError(f"--lock-wait must be >= 0 (got {opts.lock_wait})")

@@ -96,7 +96,7 @@ def test_a_process_that_fails_makes_the_others_end_with_its_status(
     and process 1, told why, ends with 3 too instead of waiting."""
     run_dir = tmp_path / "run"
     with RunLock(run_dir / "checkpoints").held():
-        job = launch(run_dir, 2, STEPS, 4, "--compile-cache", str(cache))
+        job = launch(run_dir, 2, STEPS, 4, "--compile-cache", str(cache), "--lock-wait", "0")
         codes = job.wait(STOP_WITHIN_S + 60)
     assert codes == [3, 3], job.errors()
     (lost,) = of(run_dir, "peer-lost")[1]

@@ -97,3 +97,39 @@ def test_acquire_creates_the_root(tmp_path: Path) -> None:
     root = tmp_path / "a" / "b"
     with RunLock(root).held():
         assert (root / ".lock").is_file()
+
+
+def test_a_waiting_acquire_takes_the_lock_once_the_holder_is_gone(
+    root: Path, holder: subprocess.Popen[str]
+) -> None:
+    """An earlier run's process on a node that hung holds the lock until the node is
+    power-cycled: the new run waits, then takes it."""
+    told: list[str] = []
+
+    def power_cycle(pid: str) -> None:
+        told.append(pid)
+        holder.kill()
+        holder.wait()
+
+    lock = RunLock(root)
+    lock.acquire(60, on_wait=power_cycle)
+    try:
+        assert told == [str(holder.pid)]
+        assert (root / ".lock").read_text() == str(os.getpid())
+    finally:
+        lock.release()
+
+
+def test_a_waiting_acquire_gives_up_after_its_wait(
+    root: Path, holder: subprocess.Popen[str]
+) -> None:
+    now = [0.0]
+    told: list[str] = []
+
+    def sleep(s: float) -> None:
+        now[0] += max(s, 0.2)
+
+    with pytest.raises(RunLockedError, match=rf"pid {holder.pid}\) after waiting 5 s"):
+        RunLock(root).acquire(5, on_wait=told.append, clock=lambda: now[0], sleep=sleep)
+    assert told == [str(holder.pid)]  # said once, not at every retry
+    assert now[0] >= 5
