@@ -108,7 +108,7 @@ srun --nodes={processes} --ntasks={processes} --ntasks-per-node=1 --nodelist="$n
 _SUPERVISED = """
 # {processes} processes on {processes} of the job's nodes, the rest spares (docs/in-allocation.md).
 decided=$(mktemp)
-{supervisor} supervise-job --processes {processes} --decision-file "$decided" -- {command} &"""
+{supervisor} supervise-job --processes {processes}{relaunches} --decision-file "$decided" -- {command} &"""
 
 _SUPERVISED_DECIDE = """
 decision=$(cat "$decided" 2>/dev/null || true)
@@ -162,15 +162,22 @@ def supervisor_command(command: Sequence[str]) -> list[str]:
 
 
 def render_batch_script(
-    command: Sequence[str], *, signal_lead_s: int, processes: int = 1, spares: int = 0
+    command: Sequence[str],
+    *,
+    signal_lead_s: int,
+    processes: int = 1,
+    spares: int = 0,
+    max_relaunches: int | None = None,
 ) -> str:
     """The batch script that runs ``command`` under the USR1/TERM forwarding contract, as one
     process in the batch step or, for ``processes`` > 1, as that many processes (one per
     node) in one ``srun`` step with ``RECOVER_RENDEZVOUS`` set. With ``spares`` > 0 the
-    step is run by ``recover supervise-job``, which relaunches it on a spare node of the job.
+    step is run by ``recover supervise-job``, which relaunches it on a spare node of the job,
+    at most ``max_relaunches`` times (None: the supervisor's default).
 
     Pure; ``command`` is quoted for bash, so any argument is passed verbatim. Raises
-    UsageError for an empty command, a process count below 1 or negative spares.
+    UsageError for an empty command, a process count below 1, negative spares, or
+    ``max_relaunches`` negative or without spares.
     """
     if not command:
         raise UsageError("No command to run: give it after '--', e.g. -- recover train ...")
@@ -178,6 +185,14 @@ def render_batch_script(
         raise UsageError(f"Invalid process count {processes}: expected 1 or more")
     if spares < 0:
         raise UsageError(f"Invalid --spares {spares}: expected 0 or more")
+    if max_relaunches is not None:
+        if max_relaunches < 0:
+            raise UsageError(f"Invalid --max-relaunches {max_relaunches}: expected 0 or more")
+        if not spares:
+            raise UsageError(
+                "--max-relaunches bounds relaunches on the job's own spares: give --spares S "
+                "too (without spares a lost node requeues the job)"
+            )
     quoted = shlex.join(command)
     decide = ""
     if spares:
@@ -185,6 +200,7 @@ def render_batch_script(
             command=quoted,
             processes=processes,
             supervisor=shlex.join(supervisor_command(command)),
+            relaunches="" if max_relaunches is None else f" --max-relaunches {max_relaunches}",
         )
         decide = _SUPERVISED_DECIDE.format()
     elif processes == 1:
@@ -270,6 +286,7 @@ def training_job(
     expedite: bool = False,
     processes: int = 1,
     spares: int = 0,
+    max_relaunches: int | None = None,
 ) -> BatchJob:
     """Build the requeueable batch job for a training command.
 
@@ -279,7 +296,8 @@ def training_job(
     ``processes`` > 1 runs the command as that many processes, one per node, in one
     ``srun`` step (``--nodes`` is added when ``sbatch_args`` do not ask for a count).
     ``spares`` > 0 asks for that many more nodes than processes, with ``--no-kill``, and runs
-    the step under ``recover supervise-job`` (:func:`with_spares`).
+    the step under ``recover supervise-job`` (:func:`with_spares`), which relaunches it at
+    most ``max_relaunches`` times (None: its default).
     Raises UsageError for an out-of-range lead, an empty command, or more processes than
     nodes.
     """
@@ -301,7 +319,11 @@ def training_job(
         options["job-name"] = "recover-train"
     return BatchJob(
         script=render_batch_script(
-            cmd, signal_lead_s=signal_lead_s, processes=processes, spares=spares
+            cmd,
+            signal_lead_s=signal_lead_s,
+            processes=processes,
+            spares=spares,
+            max_relaunches=max_relaunches,
         ),
         options=options,
         extra_args=tuple(sbatch_args),
@@ -329,6 +351,7 @@ def submit_training(
     expedite: bool | None = None,
     processes: int = 1,
     spares: int = 0,
+    max_relaunches: int | None = None,
 ) -> str:
     """Submit ``command`` as a requeueable training job of ``processes`` processes (one per
     node); return the job id. ``expedite`` (None: where :func:`expedite_allowed`) asks for
@@ -352,6 +375,7 @@ def submit_training(
         expedite=expedite,
         processes=processes,
         spares=spares,
+        max_relaunches=max_relaunches,
     )
     return control.submit(job)
 

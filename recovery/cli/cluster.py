@@ -220,6 +220,13 @@ def sbatch(
             "requeue (docs/in-allocation.md); 0 is the plain requeue path."
         ),
     ] = 0,
+    max_relaunches: Annotated[
+        int | None,
+        typer.Option(
+            help="With --spares: relaunches on the job's own spares before it requeues "
+            "instead [default: 3, the supervisor's]."
+        ),
+    ] = None,
 ) -> None:
     """Submit `-- COMMAND...` as a requeueable job: recover sbatch [sbatch options] -- recover
     train ...; prints the job id. With -N K, recover train runs as K processes, one per node
@@ -238,6 +245,7 @@ def sbatch(
             signal_lead_s=signal_lead,
             processes=count,
             spares=spares,
+            max_relaunches=max_relaunches,
         )
         typer.echo(job.script)
         return
@@ -252,6 +260,7 @@ def sbatch(
         job_name=job_name,
         processes=count,
         spares=spares,
+        max_relaunches=max_relaunches,
     )
     typer.echo(job_id)
 
