@@ -1,5 +1,6 @@
 """Recovery inside the allocation on the real local cluster: `recover sbatch -N 2 --spares 1`
-holds three nodes with --no-kill; a training process dies (SIGABRT, as on XID 79) and its node
+holds three nodes with --no-kill (on 22.05 and on 25.11, where it is submitted expedited); a
+training process dies (SIGABRT, as on XID 79) and its node
 is set DOWN (as the coordinator does): the job's supervisor relaunches the step on the spare,
 the job is never requeued, and it ends bit-exact with the uninterrupted 2-process run."""
 
@@ -67,8 +68,9 @@ def _crash_rank1_and_down_its_node(ctl: CliSlurm, run: Path) -> str:
 
 
 @pytest.mark.slow  # about 100 s: three JAX launches (first step, relaunch, control)
+@pytest.mark.parametrize("slurm_backend", ["cli", "cli@25.11"])  # 25.11: submitted expedited
 def test_a_lost_node_is_replaced_by_the_jobs_spare_without_a_requeue(
-    slurm_ctl: CliSlurm, job_dir: Path
+    slurm_ctl: CliSlurm, job_dir: Path, slurm_backend: str
 ) -> None:
     job_id, run = _submit(slurm_ctl, job_dir, "ia", spares=1)
     wait_for(lambda: _events(job_dir, job_id, "launched"), 120, "the supervisor's first step")
