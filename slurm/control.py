@@ -95,7 +95,7 @@ def release_held_needed(job: JobInfo, restart_count: int) -> bool:
     requeued it itself (expedited, its count one higher) but held it (``REQUEUE_HOLD``), as
     it does when no Epilog failed. Releasing it is that run's requeue; once released (or
     run again) it is not held, so a second call is a no-op. Pure."""
-    return job.state == "REQUEUE_HOLD" and job.restart_count == restart_count + 1
+    return job.requeue_held and job.restart_count == restart_count + 1
 
 
 class SlurmBase(ABC):
@@ -286,7 +286,9 @@ class SlurmBase(ABC):
         already, and only waits for someone to let it run."""
         jid = validate_job_id(job_id)
         info = self.job(jid)
-        if info.state == "REQUEUE_HOLD":
+        if info.state == "REQUEUE_HOLD":  # released already (no reason left): waits to start
+            if not info.requeue_held:
+                return False
             self._request_release(jid)
             return True
         if not requeue_needed(info):

@@ -105,10 +105,13 @@ srun --nodes={processes} --ntasks={processes} --ntasks-per-node=1 --nodelist="$n
 # node (docs/in-allocation.md). It writes its decision to a file: `exit N`, or `requeue` when
 # no spare or relaunch is left. No decision (the supervisor itself was killed) requeues too:
 # the checkpoints are on shared storage, so nothing is lost.
-_SUPERVISED = """
+_SUPERVISED = (
+    """
 # {processes} processes on {processes} of the job's nodes, the rest spares (docs/in-allocation.md).
 decided=$(mktemp)
-{supervisor} supervise-job --processes {processes}{relaunches} --decision-file "$decided" -- {command} &"""
+{supervisor} supervise-job --processes {processes}{relaunches}"""
+    ' --decision-file "$decided" -- {command} &'
+)
 
 _SUPERVISED_DECIDE = """
 decision=$(cat "$decided" 2>/dev/null || true)

@@ -112,11 +112,11 @@ def follow_jobs(
     for job_id in incident.jobs:
         job = by_id.get(job_id)
         # Held by Slurm (REQUEUE_HOLD, 25.11's expedited requeue): ended until released.
-        ended = job is not None and (job.finished or job.state == "REQUEUE_HOLD")
+        ended = job is not None and (job.finished or job.requeue_held)
         if job is None or (ended and job_id not in awaiting):
             continue
         restarted = job.restart_count > int(initial.get(job_id, 0))
-        if (restarted or job.state == "PENDING") and job.state != "REQUEUE_HOLD":
+        if (restarted or job.state == "PENDING") and not job.requeue_held:
             requeued.append(job_id)
         if restarted and job.state == "RUNNING":
             running.append(f"{job_id}@{','.join(job.nodes)}")

@@ -79,14 +79,14 @@ def held_by_slurm(job: JobInfo, ran_at: int) -> bool:
     """Slurm requeued ``job``'s run ``ran_at`` itself and holds it (``REQUEUE_HOLD`` at
     ``ran_at + 1``: Slurm 25.11's expedited requeue of a failed script with no failed
     Epilog)."""
-    return job.state == "REQUEUE_HOLD" and job.restart_count == ran_at + 1
+    return job.requeue_held and job.restart_count == ran_at + 1
 
 
 def describe_end(job: JobInfo) -> str:
     """How ``job`` ended, for the record: ``FAILED exit 134``, ``FAILED signal 9``,
     ``NODE_FAIL``; ``FAILED exit 134, held by Slurm`` for a run Slurm requeued in held
     state (:func:`held_by_slurm`)."""
-    if job.state == "REQUEUE_HOLD":
+    if job.requeue_held:
         how = f"exit {job.exit_code}" if job.exit_code else "a failure"
         return f"FAILED {how}, held by Slurm"
     if job.signal:

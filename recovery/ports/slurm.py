@@ -209,6 +209,14 @@ class JobInfo:
         failed node an incident follows, and whether a cancel has anything to end."""
         return not self.finished
 
+    @property
+    def requeue_held(self) -> bool:
+        """Slurm requeued the job in held state and nobody released it yet: ``REQUEUE_HOLD``
+        with a hold reason (``JobHeldUser``, ``JobHeldAdmin``). Slurm 25.11 holds an
+        expedited job whose script failed while no Epilog failed. A released job keeps
+        showing ``REQUEUE_HOLD`` until it starts, with its reason gone."""
+        return self.state == "REQUEUE_HOLD" and self.reason.startswith("JobHeld")
+
     def uses(self, node: str) -> bool:
         """The job holds ``node`` now: running, suspended or completing there. What "the jobs
         on a node" means everywhere (``SlurmControl.jobs_on``, the fakes): a pending job holds

@@ -176,7 +176,7 @@ class FakeSlurm:
         job = self._jobs[job_id]
         self._jobs[job_id] = replace(
             job, state="REQUEUE_HOLD", nodes=(), restart_count=job.restart_count + 1,
-            exit_code=exit_code, end_time=0.0, reason="job requeued in held state",
+            exit_code=exit_code, end_time=0.0, reason="JobHeldUser",
         )  # fmt: skip
 
     def updates(self) -> list[tuple[str, ...]]:

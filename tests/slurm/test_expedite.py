@@ -131,7 +131,10 @@ def test_the_requeue_of_an_ended_run_that_slurm_holds_is_its_release(
     wait_for(lambda: ctl2511.job(job_id).state == "REQUEUE_HOLD", 30, "the held requeue")
     assert ctl2511.requeue_ended(job_id, 1) is False  # not run 1's: untouched
     assert ctl2511.job(job_id).state == "REQUEUE_HOLD"
+    assert ctl2511.job(job_id).requeue_held
     assert ctl2511.requeue_ended(job_id, 0) is True
+    # Slurm shows REQUEUE_HOLD until the job starts, with the hold's reason gone.
+    assert not ctl2511.job(job_id).requeue_held
     assert ctl2511.requeue_ended(job_id, 0) is False
     wait_for(lambda: runs_on(ctl2511, job_id, 1), 30, "the run after the release")
     assert ctl2511.job(job_id).restart_count == 1  # released, not requeued a second time

@@ -51,7 +51,7 @@ def test_max_relaunches_goes_to_the_supervisor_and_needs_spares() -> None:
     assert "recover supervise-job --processes 2 --max-relaunches 5 --decision-file" in job.script
     default = training_job(CMD, sbatch_args=["-N", "2"], processes=2, spares=1)
     assert "--max-relaunches" not in default.script  # the supervisor's own default
-    with pytest.raises(UsageError, match="--max-relaunches bounds relaunches .* give --spares"):
+    with pytest.raises(UsageError, match=r"--max-relaunches bounds relaunches .* give --spares"):
         training_job(CMD, sbatch_args=["-N", "2"], processes=2, max_relaunches=2)
     with pytest.raises(UsageError, match=r"Invalid --max-relaunches -1: expected 0 or more"):
         render_batch_script(CMD, signal_lead_s=30, spares=1, max_relaunches=-1)

@@ -25,7 +25,7 @@ T = 1_800_000_000.0
 FAILED = JobInfo("7", "train", "FAILED", ("n1", "n2"), 2, exit_code=134, end_time=T)
 CONFIG = RequeueConfig()
 #: Run 2 failed and Slurm 25.11 requeued it expedited but holds it (no Epilog failed).
-HELD = JobInfo("7", "train", "REQUEUE_HOLD", (), 3, exit_code=134)
+HELD = JobInfo("7", "train", "REQUEUE_HOLD", (), 3, reason="JobHeldUser", exit_code=134)
 
 
 def test_the_two_exit_statuses_differ_and_are_plain_numbers() -> None:
@@ -176,6 +176,8 @@ def test_a_run_slurm_holds_is_judged_as_a_failed_one() -> None:
     assert held_by_slurm(HELD, 2)
     assert not held_by_slurm(HELD, 3)
     assert not held_by_slurm(replace(HELD, state="PENDING"), 2)
+    # Released: Slurm shows REQUEUE_HOLD until the job starts, without the hold's reason.
+    assert not held_by_slurm(replace(HELD, reason="None", exit_code=0), 2)
     verdict = judge(HELD, 2, used=0, config=CONFIG)
     assert verdict is not None
     assert (verdict.requeue, verdict.why) == (True, "FAILED exit 134, held by Slurm")
