@@ -33,6 +33,9 @@ command -v make >/dev/null || need_apt+=(make)
 command -v etcd >/dev/null || need_apt+=(etcd-server)
 command -v openssl >/dev/null || need_apt+=(openssl)
 # --- end Kubernetes tier
+# The agent's and coordinator's images (scripts/build-images.sh, tests/install/test_images.py)
+command -v buildah >/dev/null || need_apt+=(buildah)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 if ((${#need_apt[@]})); then
   echo "== installing Debian packages: ${need_apt[*]}"
   as_root apt-get update -q

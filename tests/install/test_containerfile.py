@@ -1,4 +1,4 @@
-"""The Containerfile, checked statically (no registry is reachable here to pull a base image):
+"""The Containerfile, checked statically (quick; tests/install/test_images.py builds it):
 a pinned base, the ``agent`` and ``coordinator`` targets installing their own extra only, the
 coordinator not running as root, entrypoints that are real commands, and k8s/deploy naming
 each target's image for the workload it runs."""
