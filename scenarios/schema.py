@@ -84,13 +84,15 @@ Top level
     abnormally (134) without saving, while slurmd, the batch shell and the job's other
     processes are left alone (they stop by themselves when their peer is lost, and the job
     ends FAILED for the coordinator to requeue); default true for faults the catalogue says
-    cannot save (``xid79``, ``gpu-lost``, ...), false otherwise (the job saves on its way out).
+    kill the work they hit (``kills_work``: ``xid79``, ``gpu-lost``, ``xid94``, ``xid95``,
+    ...), false otherwise (the job saves on its way out). On each node of a ``burst``.
     Only ``slurmd-crash`` and ``node-hang`` stop a whole node.
 
     ``when`` (default ``{after_s: 0}``), exactly one of: ``step: N`` (the job finished step
     N), ``checkpoint: N`` (a checkpoint of step N or later is durable), ``after_s: S`` (S
     seconds after the previous entry; the first entry counts from the job's first step),
-    ``job: requeued`` (the job is back in the queue and its training process has exited) or
+    ``job: requeued`` (the job was requeued and its next run's training has not started:
+    back in the queue, or on 25.11 given nodes again within a second) or
     ``job: restarted`` (training started again), ``incidents: opened|acted|closed|held`` (an
     incident opened since the previous entry; one of those took its first Slurm action; one
     opened after the latest fault and all are closed; one is held by the breaker).
