@@ -67,6 +67,8 @@ def crash_first(
     """
     if not entry.kills_training:
         return None
+    if rig.local is None and entry.crash_training is None:
+        return None  # an existing cluster: the report alone (carry_out says so)
     rig.need_local("crash_training")
     # job-node is where process 0 runs (the batch step's node); its own events say where,
     # without the Slurm query that takes seconds on a loaded machine.
@@ -107,7 +109,13 @@ def carry_out(
     if crash is None:
         crash = crash_first(entry, rig, watch, fault_node, say)
     nodes = crash.nodes if crash is not None else _targets(entry, watch, fault_node)
-    return _inject(entry, str(entry.fault), rig, nodes, crash, say)
+    done = _inject(entry, str(entry.fault), rig, nodes, crash, say)
+    if crash is None and entry.kills_training:  # an existing cluster: see crash_first
+        say(f"{entry.fault} kills the training where it strikes; on an existing cluster the "
+            "runner cannot, so only the report was injected")  # fmt: skip
+        done.notes.append(f"{entry.fault}: the training was not killed (existing cluster); "
+                          "the real fault would kill it")  # fmt: skip
+    return done
 
 
 def _targets(entry: Entry, watch: Watcher, fault_node: str | None) -> list[str]:

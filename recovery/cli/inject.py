@@ -1,7 +1,7 @@
 """``recover inject --fault FAULT --node NODE``: make a node's agent report a fault through its
 real detection path (``POST /v1/inject`` with the admin token; see
 :mod:`recovery.httpapi.agents_api`), print the event id at once, and with ``--wait`` the
-coordinator's decision on it.
+coordinator's decision on it once its Slurm actions are applied (or held, failed, waiting).
 
 Register with ``inject.register(app)`` in :mod:`recovery.cli`.
 """
@@ -48,7 +48,9 @@ def register(app: typer.Typer) -> None:
         via: Annotated[
             str, typer.Option(help="agent: through its pipeline; kmsg: a kernel-log line.")
         ] = "agent",
-        wait: Annotated[bool, typer.Option(help="Wait for the coordinator's decision.")] = False,
+        wait: Annotated[
+            bool, typer.Option(help="Wait for the coordinator's decision and its Slurm actions.")
+        ] = False,
         timeout: Annotated[float, typer.Option(help="--wait gives up after S s.")] = 60.0,
         as_json: AsJson = False,
         coordinator: Annotated[str | None, typer.Option(help="The coordinator's URL.")] = None,

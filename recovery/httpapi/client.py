@@ -143,7 +143,10 @@ def wait_decision(
     sleep: Callable[[float], None],
     monotonic: Callable[[], float],
 ) -> dict[str, Any]:
-    """Poll ``GET /v1/events/{id}/decision`` until the decision exists; returns it."""
+    """Poll ``GET /v1/events/{id}/decision`` until the decision exists, then its incident
+    until no action of it is still ``planned`` (applied, failed, held by the breaker or
+    waiting for a spare): once this returns, Slurm shows what the coordinator did. Returns
+    the decision. An incident the coordinator does not show (none opened) ends the wait."""
     if not event_id:
         raise UsageError(
             "the agent could not tell the event id (kernel-log injection into /dev/kmsg); "
@@ -156,10 +159,39 @@ def wait_decision(
         stored = bool(doc.get("stored"))
         if doc.get("decision") is not None:
             decision: dict[str, Any] = doc["decision"]
+            _wait_actions(client, decision.get("incident"), deadline, poll_s, sleep, monotonic)
             return decision
         if monotonic() >= deadline:
             raise RecoverError(
                 f"no decision on event {event_id} within {timeout_s:g} s "
                 f"({'it is in the journal' if stored else 'it has not reached the journal'})"
+            )
+        sleep(poll_s)
+
+
+def _wait_actions(
+    client: Client,
+    incident: str | None,
+    deadline: float,
+    poll_s: float,
+    sleep: Callable[[float], None],
+    monotonic: Callable[[], float],
+) -> None:
+    """Poll ``incident`` until none of its actions is ``planned`` (see :func:`wait_decision`)."""
+    if not incident:
+        return
+    while True:
+        try:
+            doc = client.get(f"/v1/incidents/{incident}")
+        except UsageError:  # not shown: nothing of it to wait for
+            return
+        planned = [a for a in doc.get("actions", []) if a.get("status") == "planned"]
+        if not planned:
+            return
+        if monotonic() >= deadline:
+            kinds = ", ".join(str(a.get("kind", "?")) for a in planned)
+            raise RecoverError(
+                f"incident {incident} was decided, but its actions ({kinds}) were not applied "
+                "in time; `recover incidents " + incident + "` shows where they stand"
             )
         sleep(poll_s)

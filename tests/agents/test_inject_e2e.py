@@ -17,6 +17,7 @@ from recovery.cli.inject import register, render
 from recovery.errors import AuthError, UsageError
 from recovery.httpapi.client import Client, inject
 from recovery.model import Source
+from recovery.ports.journal import ActionStatus
 from tests.agents.helpers import wait_for
 from tests.agents.live import AgentProcess, LiveCoordinator, wait_connected
 from tests.service.helpers import replace_decision
@@ -71,14 +72,19 @@ def test_wait_prints_the_decision_once_the_engine_records_it(
     wait_connected(live, "n1", agent)
     stop = threading.Event()
 
-    def engine() -> None:  # a stand-in engine: decides what arrives
+    def engine() -> None:  # a stand-in engine: decides what arrives, then "applies" it
         while not stop.is_set():
             for stored in live.journal.undecided():
-                live.journal.record_decision(
+                planned = live.journal.record_decision(
                     replace_decision(stored.event, f"inc-{stored.seq}"), stored.received
                 )
+                stop.wait(0.3)  # --wait must wait for the actions too, not the decision alone
+                for a in planned:
+                    live.journal.record_outcome(a.id, ActionStatus.done, stored.received)
+                applied.set()
             stop.wait(0.02)
 
+    applied = threading.Event()
     thread = threading.Thread(target=engine, daemon=True)
     thread.start()
     try:
@@ -86,6 +92,7 @@ def test_wait_prints_the_decision_once_the_engine_records_it(
     finally:
         stop.set()
         thread.join()
+    assert applied.is_set()  # returned only once the actions were recorded applied
     assert reply["decision"]["event_id"] == reply["event_id"]
     assert reply["decision"]["verdict"] == "replace"
     text = render(reply)

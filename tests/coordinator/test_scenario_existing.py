@@ -47,6 +47,8 @@ def test_a_scenario_runs_on_an_existing_cluster_and_leaves_it_running(
     result = run(find("xid94"), opts)
     assert result.passed, "\n".join(lines) + "\n" + render.result_text(result)
     assert any("existing cluster" in ln and "nodes node1, node2, node3" in ln for ln in lines)
+    # XID 94 kills the training where it strikes; here the runner cannot, and says so.
+    assert any("on an existing cluster the runner cannot" in ln for ln in lines)
     assert local_cluster.status().running
     assert coordinator.endpoint is not None
     assert coordinator_proc.healthy(coordinator.endpoint.url)
