@@ -41,6 +41,18 @@ def _environ_has(pid: int, entries: set[bytes]) -> bool:
     return entries <= set(data.split(b"\0"))
 
 
+def _job_process_of(pid: int, conf_entry: bytes) -> bool:
+    """Whether ``pid`` runs in a Slurm job of the cluster whose ``SLURM_CONF=...`` entry is
+    ``conf_entry``: a job's processes carry the job's environment (``SLURM_JOB_ID`` and the
+    ``SLURM_CONF`` it was submitted with), not the daemons' marker."""
+    try:
+        data = (_PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return False
+    entries = data.split(b"\0")
+    return conf_entry in entries and any(e.startswith(b"SLURM_JOB_ID=") for e in entries)
+
+
 def _comm(pid: int) -> str:
     try:
         return (_PROC / str(pid) / "comm").read_text().strip()
@@ -73,8 +85,12 @@ def cluster_processes(
 ) -> set[int]:
     """Pids of live processes carrying ``MARKER_ENV=marker`` (and ``NODE_ENV=node`` when
     ``node`` is given), the given ``roots``, and all their descendants; never this process or
-    its ancestors."""
+    its ancestors. For the whole cluster (no ``node``), also the processes of its jobs
+    (``SLURM_JOB_ID`` with ``SLURM_CONF=<marker>/slurm.conf``), wherever they hang: a job
+    step's task whose slurmstepd died first (or was never recognised) is no descendant of
+    anything found."""
     entry = {f"{MARKER_ENV}={marker}".encode()}
+    job_conf = f"SLURM_CONF={marker}/slurm.conf".encode() if node is None else None
     if node is not None:
         entry.add(f"{NODE_ENV}={node}".encode())
     parents: dict[int, int] = {}
@@ -87,8 +103,10 @@ def cluster_processes(
         if st is None or st[0] in ("Z", "X"):
             continue
         parents[pid] = st[1]
-        if _environ_has(pid, entry) or (
-            _comm(pid) == "slurmstepd" and _holds_open(pid, marker, node)
+        if (
+            _environ_has(pid, entry)
+            or (job_conf is not None and _job_process_of(pid, job_conf))
+            or (_comm(pid) == "slurmstepd" and _holds_open(pid, marker, node))
         ):
             found.add(pid)
     found |= {r for r in roots if r in parents}

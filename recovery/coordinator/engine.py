@@ -317,6 +317,9 @@ class Engine:
     # --- deciding -----------------------------------------------------------------------
 
     def _refresh(self) -> None:
+        # Stamped before the reads: the view shows everything done before this moment (what
+        # `recover inject --wait` relies on to return only once `recover status` shows it).
+        now = self._clock.now()
         nodes = tuple(self._slurm.nodes())
         jobs = tuple(self._slurm.jobs())
         layout = layout_json(nodes)
@@ -324,7 +327,6 @@ class Engine:
             # Kept so that `recover policy replay` can re-decide against the same cluster.
             self._journal.set_meta(LAYOUT_KEY, layout)
             self._layout = layout
-        now = self._clock.now()
         self._watch.observe(jobs, now.wall)
         kube = self._kube.view(now.mono) if self._kube is not None else {}
         self._seen = Snapshot(nodes, jobs, now, kube)

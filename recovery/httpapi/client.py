@@ -145,8 +145,10 @@ def wait_decision(
 ) -> dict[str, Any]:
     """Poll ``GET /v1/events/{id}/decision`` until the decision exists, then its incident
     until no action of it is still ``planned`` (applied, failed, held by the breaker or
-    waiting for a spare): once this returns, Slurm shows what the coordinator did. Returns
-    the decision. An incident the coordinator does not show (none opened) ends the wait."""
+    waiting for a spare), then the coordinator's status until its view of Slurm is newer than
+    those actions: once this returns, ``recover status`` shows what the coordinator did.
+    Returns the decision. An incident the coordinator does not show (none opened) ends the
+    wait."""
     if not event_id:
         raise UsageError(
             "the agent could not tell the event id (kernel-log injection into /dev/kmsg); "
@@ -187,6 +189,7 @@ def _wait_actions(
             return
         planned = [a for a in doc.get("actions", []) if a.get("status") == "planned"]
         if not planned:
+            _wait_seen(client, doc.get("actions", []), deadline, poll_s, sleep, monotonic)
             return
         if monotonic() >= deadline:
             kinds = ", ".join(str(a.get("kind", "?")) for a in planned)
@@ -194,4 +197,27 @@ def _wait_actions(
                 f"incident {incident} was decided, but its actions ({kinds}) were not applied "
                 "in time; `recover incidents " + incident + "` shows where they stand"
             )
+        sleep(poll_s)
+
+
+def _wait_seen(
+    client: Client,
+    actions: list[dict[str, Any]],
+    deadline: float,
+    poll_s: float,
+    sleep: Callable[[float], None],
+    monotonic: Callable[[], float],
+) -> None:
+    """Poll ``GET /v1/status`` until the coordinator's view of Slurm (``seen_at``) was read
+    after the last of ``actions`` finished: ``recover status`` shows that view, so it then
+    shows what the actions did. Gives up quietly at ``deadline`` (the actions are done)."""
+    finished = [
+        float(a["finished"]["wall"]) for a in actions if isinstance(a.get("finished"), dict)
+    ]
+    if not finished:
+        return
+    while monotonic() < deadline:
+        seen = client.get("/v1/status").get("seen_at")
+        if seen is not None and float(seen) >= max(finished):
+            return
         sleep(poll_s)

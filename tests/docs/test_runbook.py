@@ -124,7 +124,7 @@ def test_runbook_runs_as_written(scratch: Path, demo_run: DemoRun) -> None:
 
     after_inject = json.loads((out / "status-after-inject.json").read_text())
     node1 = _node(after_inject, "node1")
-    assert node1["state"].startswith("DOWN"), node1
+    assert node1["state"].startswith("DOWN"), f"{node1}\n{proc.stdout[-6000:]}"
     assert node1["held_by"] == "recover", node1
     assert node1["reason"].startswith("recover: xid79"), node1
     assert not _node(after_inject, "spare1")["spare"], "the spare was not promoted"

@@ -61,3 +61,33 @@ def test_an_incident_the_coordinator_does_not_show_ends_the_wait() -> None:
 def test_actions_never_applied_name_themselves_after_the_timeout() -> None:
     with pytest.raises(RecoverError, match=r"inc-1 was decided, but its actions \(down\)"):
         _wait(_Coordinator([["planned"]]), timeout_s=2)
+
+
+class _Lagging(_Coordinator):
+    """Actions applied at wall 100; the coordinator's view read at these times, in turn."""
+
+    def __init__(self, seen: list[float]) -> None:
+        super().__init__([["done", "done"]])
+        self.seen = seen
+
+    def get(self, path: str) -> Any:
+        if path == "/v1/status":
+            self.asked.append(path)
+            return {"seen_at": self.seen.pop(0) if len(self.seen) > 1 else self.seen[0]}
+        doc = super().get(path)
+        for a in doc.get("actions", []):
+            a["finished"] = {"wall": 100.0, "mono": 5.0}
+        return doc
+
+
+def test_it_returns_once_the_coordinators_view_is_newer_than_the_actions() -> None:
+    """`recover status` shows the coordinator's last read of Slurm: wait until that read
+    started after the take-out, so the DOWN is in it (the runbook checks right after)."""
+    c = _Lagging([99.0, 99.9, 100.4])
+    assert _wait(c) == DECISION
+    assert c.asked.count("/v1/status") == 3
+
+
+def test_a_view_that_never_catches_up_ends_the_wait_quietly_at_the_timeout() -> None:
+    c = _Lagging([99.0])
+    assert _wait(c, timeout_s=2) == DECISION  # the actions are done; only the view lags
