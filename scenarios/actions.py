@@ -46,15 +46,11 @@ class Crash:
     """The training process a fault killed before it was reported (see :func:`crash_first`)."""
 
     nodes: list[str]
-    """Where the fault is injected (the first: where the process was killed). Chosen before
-    the kill: once the process died the job may have ended and run on no node."""
+    """Where the fault is injected and the training was killed (each node of a burst).
+    Chosen before the kill: once the process died the job may have ended and run on no node."""
     at: float
     """Wall seconds of the SIGABRT."""
     note: str
-
-    @property
-    def node(self) -> str:
-        return self.nodes[0]
 
 
 def crash_first(

@@ -95,7 +95,7 @@ def release_held_needed(job: JobInfo, restart_count: int) -> bool:
     requeued it itself (expedited, its count one higher) but held it (``REQUEUE_HOLD``), as
     it does when no Epilog failed. Releasing it is that run's requeue; once released (or
     run again) it is not held, so a second call is a no-op. Pure."""
-    return job.requeue_held and job.restart_count == restart_count + 1
+    return job.held_after(restart_count)
 
 
 class SlurmBase(ABC):

@@ -79,7 +79,7 @@ def held_by_slurm(job: JobInfo, ran_at: int) -> bool:
     """Slurm requeued ``job``'s run ``ran_at`` itself and holds it (``REQUEUE_HOLD`` at
     ``ran_at + 1``: Slurm 25.11's expedited requeue of a failed script with no failed
     Epilog)."""
-    return job.requeue_held and job.restart_count == ran_at + 1
+    return job.held_after(ran_at)
 
 
 def describe_end(job: JobInfo) -> str:

@@ -217,6 +217,11 @@ class JobInfo:
         showing ``REQUEUE_HOLD`` until it starts, with its reason gone."""
         return self.state == "REQUEUE_HOLD" and self.reason.startswith("JobHeld")
 
+    def held_after(self, restart_count: int) -> bool:
+        """Its run ``restart_count`` ended and Slurm requeued it itself, held
+        (:attr:`requeue_held` at ``restart_count + 1``)."""
+        return self.requeue_held and self.restart_count == restart_count + 1
+
     def uses(self, node: str) -> bool:
         """The job holds ``node`` now: running, suspended or completing there. What "the jobs
         on a node" means everywhere (``SlurmControl.jobs_on``, the fakes): a pending job holds
