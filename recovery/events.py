@@ -26,6 +26,7 @@ EVENTS = frozenset(
         "started",  # process up, configuration known, before restore
         "restored",  # state loaded from a verified checkpoint
         "fallback",  # a newer checkpoint failed verification and was skipped
+        "memory-fallback",  # no node-local copy could be used; the checkpoints are
         "warmup",  # compilation (and one discarded call) done
         "step",  # one optimizer update finished
         "checkpoint",  # a checkpoint became durable

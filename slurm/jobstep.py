@@ -20,6 +20,9 @@ from collections.abc import Mapping, Sequence
 from recovery.multiproc import ENV_RENDEZVOUS, free_port
 from slurm.cli_slurm import CliSlurm
 
+#: `recover train --memory-every` as the environment gives it (recovery.train.memory).
+ENV_MEMORY_EVERY = "RECOVER_MEMORY_EVERY"
+
 
 class SrunStep:
     """A running ``srun`` step."""
@@ -93,6 +96,9 @@ class JobSteps:
         k = len(nodes)
         env = dict(self.env)
         env[ENV_RENDEZVOUS] = f"{self.node_addr(nodes[0])}:{free_port()}"
+        # A relaunch restores from a survivor's memory: keep a copy every step unless the
+        # job says otherwise (recover train --memory-every, recovery.train.memory).
+        env.setdefault(ENV_MEMORY_EVERY, "1")
         argv = [
             "srun",
             f"--nodes={k}",

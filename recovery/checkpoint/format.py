@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import xxhash
 
 FORMAT_NAME = "recover-checkpoint"
@@ -293,4 +294,16 @@ def state_digest(leaves: Iterable[LeafEntry]) -> str:
     extra pass over the data because leaf digests are taken while writing or verifying.
     """
     rows = [[leaf.path, leaf.dtype, list(leaf.shape), leaf.digest] for leaf in leaves]
+    return str(xxhash.xxh3_128_hexdigest(canonical_json(rows)))
+
+
+def arrays_digest(arrays: Mapping[str, np.ndarray]) -> str:
+    """:func:`state_digest` of ``arrays`` held in memory (path -> array, in the order they
+    would be saved): equal to the digest of their checkpoint, without writing one."""
+    rows = []
+    for path, a in arrays.items():
+        data = np.asarray(a)  # (np.ascontiguousarray would make a scalar one-dimensional)
+        flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        content = xxhash.xxh3_128_hexdigest(flat.data)
+        rows.append([path, data.dtype.name, list(data.shape), content])
     return str(xxhash.xxh3_128_hexdigest(canonical_json(rows)))

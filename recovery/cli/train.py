@@ -67,6 +67,23 @@ def train(
             "power-cycled (on NFS, until its lease runs out, 90 s by default). Then exit 3."
         ),
     ] = 120.0,
+    memory_every: Annotated[
+        int,
+        typer.Option(
+            envvar="RECOVER_MEMORY_EVERY",
+            help="Several processes: keep a verified copy of the state in node-local memory "
+            "every N steps (0: off). A relaunched job restores from a surviving node's copy "
+            "when it is at least as new as the newest checkpoint. `recover supervise-job` "
+            "sets 1.",
+        ),
+    ] = 0,
+    memory_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="RECOVER_MEMORY_DIR",
+            help="Root of the node-local copies (a tmpfs). Default: /dev/shm/slurm-k8s-recover.",
+        ),
+    ] = None,
 ) -> None:
     """Train a small real JAX model with verified, resumable checkpoints.
 
@@ -113,6 +130,8 @@ def train(
                 async_save=not sync_save,
                 step_sleep=step_sleep,
                 lock_wait=lock_wait,
+                memory_every=memory_every,
+                memory_dir=memory_dir,
                 compile_cache=None
                 if no_compile_cache
                 else (compile_cache or run_dir / "compile-cache"),

@@ -28,6 +28,15 @@ from recovery.checkpoint import CheckpointStore, RetentionPolicy, RunLock
 from recovery.errors import UsageError
 from recovery.events import EventLog, events_file, slurm_context
 from recovery.multiproc import Topology, topology_from_env
+from recovery.train.memory import (
+    DEFAULT_ROOT,
+    MemoryTier,
+    local_dir,
+    node_name,
+    private_root,
+    read_run_id,
+    run_id,
+)
 from recovery.train.options import ResumeMode, TrainOptions, TrainOutcome, validate
 from recovery.train.preempt import EXIT_PREEMPTED, Preemption
 from recovery.train.ranks import Ranks, StopVote, failing_together, finish, start
@@ -64,6 +73,8 @@ class Run:
     preemption: Preemption
     ranks: Ranks | None = None
     """This process's group in a multi-process run; None for a single process."""
+    memory: MemoryTier | None = None
+    """Node-local copies of the state (``--memory-every``); None: off."""
 
 
 def run_training(
@@ -163,14 +174,44 @@ def _run_multi(
             locked = RunLock(store.root).held(opts.lock_wait, on_wait=_waiting_for_lock(opts, log))
             with locked if lead else nullcontext():
                 leftovers = store.remove_leftovers() if lead else []
+                fresh = opts.resume is ResumeMode.never and not store.steps()
+                if lead and opts.memory_every:
+                    run_id(opts.run_dir, fresh=fresh)
                 ranks.group.barrier()  # nobody writes before the leftovers are gone
                 mesh = M.make_mesh(topology.size)
-                run = Run(opts, spec, mesh, config, store, events, log, preemption, ranks)
+                memory = _memory_tier(opts, config, topology, environ, events, log)
+                run = Run(opts, spec, mesh, config, store, events, log, preemption, ranks, memory)
                 outcome = _run_locked(run, leftovers)
                 finish(ranks, EXIT_PREEMPTED if outcome.preempted else 0, log)
                 return outcome
     finally:
         events.close()
+
+
+def _memory_tier(
+    opts: TrainOptions,
+    config: dict[str, Any],
+    topology: Topology,
+    environ: Mapping[str, str],
+    events: EventLog,
+    log: Log,
+) -> MemoryTier | None:
+    """This process's node-local copies, when ``--memory-every`` asks for them."""
+    if not opts.memory_every:
+        return None
+    root = private_root(opts.memory_dir or DEFAULT_ROOT)
+    directory = local_dir(root, node_name(environ), opts.run_dir, read_run_id(opts.run_dir))
+
+    def failed(error: BaseException) -> None:
+        log(f"recover: could not keep a copy in {directory} ({error}); the next step tries again")
+
+    return MemoryTier(
+        directory,
+        every=opts.memory_every,
+        run_config=config,
+        metadata={"processes": topology.size},
+        on_error=failed,
+    )
 
 
 def _waiting_for_lock(opts: TrainOptions, log: Log) -> Callable[[str], None]:
@@ -260,11 +301,15 @@ def _train(run: Run, state: Any, restored: Restored | None) -> TrainOutcome:
     with saver.checkpointer:
         state, step, updates, stopped_by = _steps(run, state, step, programs, saver)
         digest = saver.final(step, state, restored=restored)
+    if run.memory is not None:
+        run.memory.wait()
     if stopped_by is not None and step < run.opts.steps:
         name = signal.Signals(stopped_by).name
         run.events.emit("preempted", step=step, checkpoint_step=step, signal=name, updates=updates)
         run.log(f"recover: {name} received; saved step {step}, exiting with {EXIT_PREEMPTED}")
         return TrainOutcome(step, digest, preempted=True, updates=updates)
+    if run.memory is not None:
+        run.memory.discard()  # complete and durable: no relaunch will want the copies
     run.events.emit("completed", step=step, state_digest=digest, updates=updates)
     return TrainOutcome(step, digest, preempted=False, updates=updates)
 
@@ -329,6 +374,8 @@ def _steps(
             run.log(f"step {step}/{opts.steps} loss {loss_value:.4f} ({step_s * 1e3:.1f} ms/step)")
         if step % opts.save_every == 0 and step < opts.steps:
             saver.periodic(step, state)
+        if run.memory is not None and step < opts.steps:
+            run.memory.offer(step, state)
         if opts.step_sleep:
             time.sleep(opts.step_sleep)
     return state, step, updates, stopped_by

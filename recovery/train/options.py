@@ -48,6 +48,12 @@ class TrainOptions:
     """Seconds to wait for the run lock while another process holds it (an earlier run's
     process on a node that hung keeps it until the node is power-cycled); then
     RunLockedError."""
+    memory_every: int = 0
+    """Keep a verified copy of the state in node-local memory every this many steps (a job
+    of several processes; 0: off). A relaunched job restores from a surviving node's copy
+    (:mod:`recovery.train.memory`)."""
+    memory_dir: Path | None = None
+    """Root of the node-local copies; None: :data:`recovery.train.memory.DEFAULT_ROOT`."""
 
 
 @dataclass(frozen=True)
@@ -68,5 +74,7 @@ def validate(opts: TrainOptions) -> None:
         raise UsageError(f"--save-every must be >= 1 (got {opts.save_every})")
     if opts.step_sleep < 0:
         raise UsageError(f"--step-sleep must be >= 0 (got {opts.step_sleep})")
+    if opts.memory_every < 0:
+        raise UsageError(f"--memory-every must be >= 0 (got {opts.memory_every}; 0 is off)")
     if opts.lock_wait < 0:
         raise UsageError(f"--lock-wait must be >= 0 (got {opts.lock_wait})")

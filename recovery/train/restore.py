@@ -42,6 +42,36 @@ def restore_or_init(
             f"{store.root} already holds checkpoints (newest step {existing[-1]}); "
             "pass --resume to continue that run, or choose another --run-dir"
         )
+    if ranks is not None and run.memory is not None and opts.resume is not ResumeMode.never:
+        from recovery.train.memory import FromMemory, restore_from_memory
+
+        got = restore_from_memory(
+            run, template, run.memory, newest_durable=existing[-1] if existing else -1
+        )
+        if isinstance(got, FromMemory):
+            _check_step(run, got.step)
+            run.events.emit(
+                "restored",
+                step=got.step,
+                checkpoint_step=got.step,
+                data_position=got.step,
+                state_digest=got.digest,
+                bytes=got.nbytes,
+                restore_s=round(got.seconds, 6),
+                fallbacks=0,
+                saved_processes=ranks.size,
+                source="memory",
+                from_rank=got.holder,
+                from_node=got.holder_node,
+                local_step=got.local_step,
+            )
+            run.log(
+                f"recover: step {got.step} restored from the memory of {got.holder_node} "
+                f"(process {got.holder}) in {got.seconds:.2f}s"
+            )
+            return got.state, Restored(got.step, got.digest)
+        run.log(f"recover: not restoring from memory: {got}; using the checkpoints")
+        run.events.emit("memory-fallback", step=None, reason=got)
     if opts.resume is ResumeMode.never or (opts.resume is ResumeMode.auto and not existing):
         return init(), None
     t0 = time.perf_counter()
@@ -81,17 +111,22 @@ def restore_or_init(
         restore_s=round(time.perf_counter() - t0, 6),
         fallbacks=len(result.fallbacks),
         saved_processes=saved_by,
+        source="checkpoint",
     )
     return state, Restored(loaded.step, loaded.state_digest)
 
 
-def _check_resumable(run: Run, loaded: Loaded) -> object:
-    """The data position ``loaded`` records; raises if this run cannot continue from it."""
-    if loaded.step > run.opts.steps:
+def _check_step(run: Run, step: int) -> None:
+    if step > run.opts.steps:
         raise StepBehindError(
             f"--steps {run.opts.steps} is behind the newest intact checkpoint "
-            f"(step {loaded.step}) in {run.store.root}; pass --steps {loaded.step} or more"
+            f"(step {step}) in {run.store.root}; pass --steps {step} or more"
         )
+
+
+def _check_resumable(run: Run, loaded: Loaded) -> object:
+    """The data position ``loaded`` records; raises if this run cannot continue from it."""
+    _check_step(run, loaded.step)
     position = loaded.manifest.metadata.get("data_position")
     if position != loaded.step:
         raise CheckpointError(

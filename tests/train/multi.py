@@ -72,9 +72,11 @@ def launch(
     save_every: int,
     *extra: str,
     env: dict[str, str] | None = None,
+    rank_env: list[dict[str, str]] | None = None,
 ) -> Job:
     """Start K processes of ``recover train`` on this machine, process 0's rendezvous on a
-    free loopback port; each one's stderr goes to ``<run_dir>.rank<r>.log``."""
+    free loopback port; each one's stderr goes to ``<run_dir>.rank<r>.log``. ``rank_env[r]``
+    adds to process r's environment (its node name, say)."""
     port = free_port()
     procs, logs = [], []
     for r in range(k):
@@ -83,6 +85,7 @@ def launch(
         penv = {
             **os.environ,
             **(env or {}),
+            **(rank_env[r] if rank_env else {}),
             "RECOVER_NUM_PROCESSES": str(k),
             "RECOVER_PROCESS_ID": str(r),
             "RECOVER_RENDEZVOUS": f"127.0.0.1:{port}",

@@ -1,0 +1,159 @@
+"""The memory tier with real processes (``--memory-every``): a relaunch takes its state from
+a surviving node's memory, a process on a node that never trained finds nothing of another
+node's, a damaged copy falls back (older copy, then the durable checkpoint) and says why, and
+every path ends on the uninterrupted run's digest.
+
+The processes run on this machine; each is told its node (``SLURMD_NODENAME``) as srun
+would, so each has its own node-local directory, as the nodes of the local cluster do.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recovery.checkpoint import CheckpointStore
+from recovery.checkpoint.format import arrays_digest
+from recovery.multiproc import EXIT_PEER_LOST
+from recovery.train.memory import KEEP, local_dir, read_run_id
+from tests.train.conftest import wait_for
+from tests.train.multi import STOP_WITHIN_S, final_digest, launch, of
+
+STEPS = 12  # tests.train.conftest.K2_STEPS
+
+
+@pytest.fixture(scope="module")
+def control(k2_control: tuple[int, str]) -> str:
+    assert k2_control[0] == STEPS
+    return k2_control[1]
+
+
+def _nodes(*names: str) -> list[dict[str, str]]:
+    return [{"SLURMD_NODENAME": n} for n in names]
+
+
+def _crash(run_dir: Path, root: Path, cache: Path, *, at_step: int) -> int:
+    """Train on n1 and n2 (a copy every step, no durable checkpoint before the end), SIGABRT
+    process 1 once process 0 has kept a copy of ``at_step``: the newest step process 0 reached."""
+    job = launch(
+        run_dir, 2, STEPS, 100, "--step-sleep", "0.2", "--compile-cache", str(cache),
+        env={"RECOVER_MEMORY_EVERY": "1", "RECOVER_MEMORY_DIR": str(root)},
+        rank_env=_nodes("n1", "n2"),
+    )  # fmt: skip
+    try:
+        n1 = local_dir(root, "n1", run_dir, "x").parent
+
+        def kept() -> bool:
+            return any(
+                CheckpointStore(d).steps()[-1:] >= [at_step] for d in n1.glob("*") if d.is_dir()
+            )
+
+        wait_for(kept, what=f"a copy of step {at_step} on n1", timeout=240)
+        job.signal(1, signal.SIGABRT)
+        codes = job.wait(STOP_WITHIN_S)
+    finally:
+        job.kill()
+    assert codes == [EXIT_PEER_LOST, -signal.SIGABRT], job.errors()
+    assert not CheckpointStore(run_dir / "checkpoints").steps()  # only memory holds progress
+    return int(max(e["step"] for e in of(run_dir, "step")[0]))
+
+
+def _relaunch(run_dir: Path, root: Path, cache: Path, *nodes: str) -> None:
+    job = launch(
+        run_dir, 2, STEPS, 100, "--auto-resume", "--compile-cache", str(cache),
+        env={"RECOVER_MEMORY_EVERY": "1", "RECOVER_MEMORY_DIR": str(root)},
+        rank_env=_nodes(*nodes),
+    )  # fmt: skip
+    assert job.wait() == [0, 0], job.errors()
+
+
+def test_a_relaunch_takes_the_state_from_the_survivors_memory(
+    tmp_path: Path, cache: Path, control: str
+) -> None:
+    """n2's process dies; the relaunch runs on n1 (the survivor) and n3 (a spare that never
+    trained). Both restore n1's newest copy, n3's process received it (it had nothing of its
+    own), at most one step is computed again, and the run ends on the control's digest."""
+    run_dir, root = tmp_path / "run", tmp_path / "shm"
+    reached = _crash(run_dir, root, cache, at_step=5)
+    rid = read_run_id(run_dir)
+    assert not local_dir(root, "n3", run_dir, rid).exists()
+
+    _relaunch(run_dir, root, cache, "n1", "n3")
+    restored = {r: [e for e in ev if e.get("source")] for r, ev in of(run_dir, "restored").items()}
+    (r0,), (r1,) = restored[0], restored[1]
+    assert r0["source"] == r1["source"] == "memory"
+    assert r0["from_node"] == r1["from_node"] == "n1"
+    assert r0["from_rank"] == 0
+    assert r0["local_step"] == r0["step"]
+    assert r1["local_step"] == -1  # n3 had nothing: the state came from n1
+    assert r0["state_digest"] == r1["state_digest"]
+    assert reached - r0["step"] <= 1
+    assert final_digest(run_dir, 2) == control
+    # Completed: the copies are gone from every node the run used.
+    assert not any(local_dir(root, n, run_dir, rid).exists() for n in ("n1", "n3"))
+
+
+def test_a_process_never_reads_another_nodes_copy(
+    tmp_path: Path, cache: Path, control: str
+) -> None:
+    """n1 and n2 both hold copies; a relaunch on n3 and n4 finds none (each node has only its
+    own directory), says why, and starts over from the durable state (none: from scratch)."""
+    run_dir, root = tmp_path / "run", tmp_path / "shm"
+    _crash(run_dir, root, cache, at_step=4)
+    rid = read_run_id(run_dir)
+    assert CheckpointStore(local_dir(root, "n1", run_dir, rid)).steps()
+    assert CheckpointStore(local_dir(root, "n2", run_dir, rid)).steps()
+
+    _relaunch(run_dir, root, cache, "n3", "n4")
+    fell = of(run_dir, "memory-fallback")
+    assert [e["reason"] for e in fell[0]] == ["no node holds a copy of the state in memory"]
+    assert not [e for e in of(run_dir, "restored").get(0, []) if e.get("source") == "memory"]
+    assert final_digest(run_dir, 2) == control
+
+
+def test_damaged_copies_fall_back_older_then_durable_and_say_why(
+    tmp_path: Path, cache: Path, control: str
+) -> None:
+    """Every copy on the survivor damaged: each is refused by its digest (logged), the
+    relaunch falls back to the durable state, says why, and ends on the control's digest."""
+    run_dir, root = tmp_path / "run", tmp_path / "shm"
+    _crash(run_dir, root, cache, at_step=KEEP + 2)
+    rid = read_run_id(run_dir)
+    n1 = local_dir(root, "n1", run_dir, rid)
+    copies = CheckpointStore(n1).steps()
+    assert len(copies) == KEEP
+    for step in copies:
+        step_dir = n1 / f"step_{step:08d}"
+        manifest = json.loads((step_dir / "manifest.json").read_text())
+        leaf = max(manifest["leaves"], key=lambda leaf: leaf["nbytes"])
+        data = step_dir / leaf["file"]
+        raw = bytearray(data.read_bytes())
+        raw[leaf["offset"] + leaf["nbytes"] // 2] ^= 0xFF  # inside a leaf, not the padding
+        data.write_bytes(bytes(raw))
+
+    _relaunch(run_dir, root, cache, "n1", "n3")
+    (fell,) = of(run_dir, "memory-fallback")[0]
+    assert fell["reason"] == "no node holds a copy of the state in memory"
+    log = (tmp_path / "run.rank0.log").read_text()
+    for step in copies:
+        assert f"local copy of step {step} is not usable" in log
+    assert final_digest(run_dir, 2) == control
+
+
+def test_an_in_memory_digest_equals_the_checkpoints(tmp_path: Path) -> None:
+    """What a receiving process checks: the digest of arrays in memory equals the digest of
+    their checkpoint (scalars, -0.0 and a non-contiguous leaf included)."""
+    arrays = {
+        "w": np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2] * -0.0,
+        "step": np.array(7, dtype=np.int32),
+        "b": np.linspace(0, 1, 5),
+    }
+    saved = CheckpointStore(tmp_path).save(1, arrays, run_config={})
+    assert arrays_digest(arrays) == saved.state_digest
+    arrays["b"] = arrays["b"].copy()
+    arrays["b"][0] = 1e-9
+    assert arrays_digest(arrays) != saved.state_digest
