@@ -79,6 +79,8 @@ class Outcome:
     progress: Progress
     incidents: Sequence[Mapping[str, Any]]
     """The journal's incidents (``GET /v1/incidents/{id}``), oldest first."""
+    requeues: int | None = None
+    """Times Slurm requeued the job (its restart count at the end); None: unknown."""
     node_states: Mapping[str, str] = field(default_factory=dict)
     """For each node the expectations name, where it is at the end: ``in-service``,
     ``spare`` (back in the pool) or ``out`` (out of service, not in the pool)."""
@@ -116,6 +118,13 @@ def check(expect: Expectations, out: Outcome, *, enforce_budgets: bool = True) -
         short = f" ({want - got} short)" if got < want else ""
         add("min_fallbacks", got >= want,
             f"{got} damaged checkpoint(s) skipped, at least {want} expected{short}")  # fmt: skip
+    if expect.max_requeues is not None:
+        if out.requeues is None:
+            add("max_requeues", None, "the job's restart count is unknown")
+        else:
+            add("max_requeues", out.requeues <= expect.max_requeues,
+                f"the job was requeued {out.requeues} time(s), at most "
+                f"{expect.max_requeues} allowed")  # fmt: skip
     if expect.incidents is not None:
         got, want = len(out.incidents), expect.incidents
         diff = f" ({got - want:+d})" if got != want else ""

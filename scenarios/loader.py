@@ -8,6 +8,7 @@ kept beside the data, so a pydantic error's location maps back to where the user
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,11 +118,18 @@ def semantic_problems(s: Scenario) -> list[tuple[Loc, str]]:
         return problems
     names = [f"node{i}" for i in range(1, c.nodes + 1)]
     spares = [f"spare{i}" for i in range(1, c.spares + 1)]
-    job_nodes = c.nodes if s.job.nodes == "all" else int(s.job.nodes)
-    if job_nodes > c.nodes:
-        problems.append((("job", "nodes"), f"asks for {job_nodes} nodes; the cluster has "
-                         f"{c.nodes} in service"))  # fmt: skip
-    problems += _process_problems(s, job_nodes)
+    held = s.job.job_spares
+    job_nodes = c.nodes - held if s.job.nodes == "all" else int(s.job.nodes)
+    if job_nodes + held > c.nodes:
+        what = f"{job_nodes} nodes" + (f" and {held} spare(s) in the job" if held else "")
+        fits = f" (at most {c.nodes - job_nodes} spare(s) fit)" if held else ""
+        loc: Loc = ("job", "spares") if held else ("job", "nodes")
+        problems.append((loc, f"asks for {what}; the cluster has {c.nodes} in service{fits}"))
+    elif job_nodes < 1:
+        problems.append((("job", "spares"), f"{held} spare(s) in the job leave no node of the "
+                         f"cluster's {c.nodes} to train on"))  # fmt: skip
+    if job_nodes >= 1:
+        problems += _process_problems(s, job_nodes)
     valid = [*names, *spares, JOB_NODE, FAULT_NODE]
     for i, e in enumerate(s.faults):
         if e.node is not None and e.node not in valid:
@@ -132,18 +140,36 @@ def semantic_problems(s: Scenario) -> list[tuple[Loc, str]]:
         if e.burst is not None and e.burst > job_nodes:
             problems.append((("faults", i, "burst"), f"{e.burst} nodes, but the job runs on "
                              f"{job_nodes}"))  # fmt: skip
-    for key in ("out_of_service", "in_service"):
-        for j, node in enumerate(getattr(s.expect, key) or ()):
-            if node not in names + spares:
-                problems.append(
-                    (("expect", key, j), str(unknown_choice("node", node, names + spares)))
-                )
+    for where in ("expect", "expect_in_allocation"):
+        expect = getattr(s, where)
+        for key in ("out_of_service", "in_service"):
+            for j, node in enumerate(getattr(expect, key, None) or ()):
+                if node not in names + spares:
+                    problems.append(
+                        ((where, key, j), str(unknown_choice("node", node, names + spares)))
+                    )
     return problems
 
 
 def shipped() -> list[Loaded]:
     """Every shipped scenario, by name. Raises ScenarioFileError for a broken one (a bug)."""
     return sorted((load_file(p) for p in SHIPPED_DIR.glob("*.yaml")), key=lambda x: x.scenario.name)
+
+
+def with_mode(loaded: Loaded, mode: str | None) -> Loaded:
+    """``loaded`` with its job in recovery ``mode`` (``recover scenario run --mode``; None:
+    as the file says). Raises UsageError for an unknown mode, ScenarioFileError when the
+    scenario cannot run in it (naming why)."""
+    if mode is None or mode == loaded.scenario.job.mode:
+        return loaded
+    moved = loaded.scenario.in_mode(mode)
+    problems = semantic_problems(moved)
+    if problems:
+        where = loaded.path or loaded.scenario.name
+        raise ScenarioFileError(
+            "\n".join(f"{where} (--mode {mode}): {dotted(loc)}: {m}" for loc, m in problems)
+        )
+    return dataclasses.replace(loaded, scenario=moved)
 
 
 def find(name_or_path: str) -> Loaded:

@@ -57,11 +57,13 @@ def run_command(
     existing: ExistingCluster | None = None,
     env: Mapping[str, str] = os.environ,
     slurm: SlurmAccess | None = None,
+    mode: str | None = None,
 ) -> int:
     """``recover scenario run``: progress on stdout (stderr with ``--json``, whose result
     document goes to stdout), the result, and the failed expectations on stderr. ``slurm``:
-    how the runner reaches Slurm (``--slurm-backend``)."""
-    loaded = loader.find(scenario)
+    how the runner reaches Slurm (``--slurm-backend``); ``mode``: the job's recovery mode
+    whatever the file says (``--mode``)."""
+    loaded = loader.with_mode(loader.find(scenario), mode)
     result = _run(loaded, out, cache, as_json, enforce_budgets, existing, env, slurm)
     if as_json:
         print(json.dumps(result.to_json(), indent=2))

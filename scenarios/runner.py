@@ -124,12 +124,12 @@ def run(loaded: Loaded, opts: RunOptions) -> RunResult:
     rec = rundir.RunRecord(s.name, t0, j.steps, j.save_every, model, out / "job")
     say(f"scenario {s.name}: {s.description}")
     control = None
-    if existing is None and s.expect.digest_matches_control:
+    if existing is None and s.expectations().digest_matches_control:
         # Started before the cluster, so the control trains while the daemons come up.
         control = Background(j, opts.cache, processes=_processes(s, s.cluster.nodes))
     if existing is not None:
         rig, root = attach(existing, opts.env, say, opts.slurm), None
-        if s.expect.digest_matches_control:
+        if s.expectations().digest_matches_control:
             control = Background(j, opts.cache, processes=_processes(s, len(rig.nodes)))
     else:
         root = cluster_root(out, s.cluster)
@@ -182,7 +182,8 @@ def _observe(
         rec.notes.append(f"stopped early: {error}")
         say(f"stopped: {error}")
     incidents = _incidents(rig, watch, rec)
-    named = [*(s.expect.out_of_service or []), *(s.expect.in_service or [])]
+    expect = s.expectations()
+    named = [*(expect.out_of_service or []), *(expect.in_service or [])]
     job_state = watch.job.state if watch.job else "unknown"
     if watch.job is not None and not watch.job.finished:
         rig.slurm.cancel(watch.job.job_id)
@@ -216,6 +217,7 @@ def _conclude(
         final_digest=rec.final_digest,
         control_digest=rec.control_digest,
         progress=progress(seen.watch.events),
+        requeues=seen.watch.job.restart_count if seen.watch.job else None,
         incidents=seen.incidents,
         node_states=seen.node_states,
         operator=seen.answers,
@@ -223,7 +225,7 @@ def _conclude(
         report_error=report_error,
         error=seen.error,
     )
-    checks = check(s.expect, outcome, enforce_budgets=enforce_budgets)
+    checks = check(s.expectations(), outcome, enforce_budgets=enforce_budgets)
     result = RunResult(s.name, out, checks, report, time.time() - t0)
     rundir.write_result(out, result.to_json())
     return result
@@ -240,8 +242,9 @@ def _check_existing(s: Scenario, existing: ExistingCluster) -> None:
 
 
 def _job_nodes(s: Scenario, in_service: int) -> int:
-    """Nodes the job asks for on a cluster with ``in_service`` nodes."""
-    return in_service if s.job.nodes == "all" else int(s.job.nodes)
+    """Nodes the job trains on, on a cluster with ``in_service`` nodes (in-allocation it asks
+    for its spares besides)."""
+    return in_service - s.job.job_spares if s.job.nodes == "all" else int(s.job.nodes)
 
 
 def _processes(s: Scenario, in_service: int) -> int:
@@ -280,16 +283,19 @@ def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say)
     if s.job.command is not None:
         command = command_job.job_command(s.job, rec.run_dir, cache)
     out = rec.run_dir.parent
+    spares = s.job.job_spares
     job_id = submit_training(
         rig.slurm,
         command,
         sbatch_args=[f"--nodes={count}", f"--output={out}/job-%j.out", f"--chdir={out}"],
         processes=processes,
+        spares=spares,
     )
     rec.job_id = job_id
     rec.processes = processes
     what = s.job.model if s.job.command is None else "command " + " ".join(s.job.command)
-    say(f"job {job_id} submitted: {count} node(s), {processes} process(es), {what} "
+    held = f" + {spares} spare(s) in the job (in-allocation)" if spares else ""
+    say(f"job {job_id} submitted: {count} node(s){held}, {processes} process(es), {what} "
         f"to step {s.job.steps}, checkpoint every {s.job.save_every}")  # fmt: skip
     return Watcher(rec.run_dir, job_id, rig.slurm, rig.client, say)
 

@@ -50,7 +50,12 @@ Top level
     of arguments run instead of ``recover train`` (a training script of your own using
     ``recovery.api``), with ``{python}``, ``{run_dir}``, ``{steps}``, ``{save_every}``,
     ``{seed}``, ``{step_sleep}`` and ``{scenario_dir}`` (the scenario file's folder) filled
-    in; its control run is the same command run once without interruption.
+    in; its control run is the same command run once without interruption. ``mode``: how
+    the job comes back from a lost node: ``requeue`` (default: the job fails, the
+    coordinator requeues it, a pool spare replaces the node) or ``in-allocation`` (the job
+    holds ``spares`` more nodes, default 1, and its supervisor relaunches the training on
+    one of them at once, restoring from the survivors' memory; ``recover sbatch --spares``,
+    docs/in-allocation.md). ``recover scenario run --mode`` runs any scenario in either mode.
 
 ``faults`` - *required*, carried out in order; each entry is a fault or an operator action
     ``fault``: a fault code of the catalogue (``xid79``, ``gpu-lost``, ``tpu-runtime-error``,
@@ -107,9 +112,13 @@ Top level
     reached, e.g. ``no-spare``, ``jobs-saved``); ``held: N`` (incidents the breaker held);
     ``out_of_service: [nodes]`` (out of service at the end, not back in the pool);
     ``in_service: [nodes]`` (in service at the end: kept, or returned and promoted);
-    ``phases: {name: seconds}``: budgets for the report's phases of every incident
+    ``max_requeues: N`` (times Slurm requeued the job); ``phases: {name: seconds}``: budgets
+    for the report's phases of every incident
     (``detection``, ``stall``, ``take_out``, ``requeue_wait``, ``replacement``, ``job_restart``,
     ``restore``, ``warmup``, ``recompute``, ``no_progress``).
+
+``expect_in_allocation`` - the expectations that differ when the job runs in-allocation
+    (the keys of ``expect``; those given replace ``expect``'s, the rest are kept).
 """
 
 from __future__ import annotations
@@ -244,6 +253,11 @@ def check_policy(policy: dict[str, Any]) -> None:
             raise ValueError(str(e).replace(f"{path}: ", "").replace(str(path), "policy")) from e
 
 
+#: How the job comes back from a lost node (``job.mode``, ``recover scenario run --mode``).
+MODES = ("requeue", "in-allocation")
+RecoveryMode = Literal["requeue", "in-allocation"]
+
+
 class JobSpec(_Strict):
     """The training job (``recover train`` under ``recover sbatch``)."""
 
@@ -256,7 +270,31 @@ class JobSpec(_Strict):
     seed: Annotated[int, Field(ge=0)] = 0
     step_sleep: Annotated[float, Field(ge=0, le=10)] = 0.2
     nodes: NodesWanted = "all"
+    """Nodes the training runs on (``all``: every node in service, less the job's spares)."""
     processes: ProcessesWanted = PER_NODE
+    mode: RecoveryMode = "requeue"
+    """``requeue``: a lost node fails the job, the coordinator requeues it. ``in-allocation``:
+    the job holds ``spares`` more nodes (``recover sbatch --spares``) and its supervisor
+    relaunches the training on one of them, restoring from the survivors' memory."""
+    spares: Annotated[int, Field(ge=0, le=8)] | None = None
+    """Spare nodes inside the job (in-allocation only; default 1)."""
+
+    @model_validator(mode="after")
+    def _spares_for_mode(self) -> JobSpec:
+        if self.mode == "requeue" and self.spares:
+            raise ValueError(
+                f"spares {self.spares} needs mode in-allocation (a requeued job holds no spares)"
+            )
+        if self.mode == "in-allocation" and self.spares == 0:
+            raise ValueError(
+                "mode in-allocation needs spares >= 1 (spares 0 is the requeue mode)"
+            )
+        return self
+
+    @property
+    def job_spares(self) -> int:
+        """Spare nodes the job holds: 0 in requeue mode, ``spares`` (1) in-allocation."""
+        return 0 if self.mode == "requeue" else (self.spares or 1)
 
     def process_count(self, job_nodes: int) -> int:
         """How many training processes run for a job of ``job_nodes`` nodes."""
@@ -435,6 +473,7 @@ class Expectations(_Strict):
     verdicts: list[Verdict] | None = None
     incident_phases: list[Annotated[str, AfterValidator(_journal_phase)]] | None = None
     held: Annotated[int, Field(ge=0)] | None = None
+    max_requeues: Annotated[int, Field(ge=0)] | None = None
     out_of_service: list[str] | None = None
     in_service: list[str] | None = None
     phases: dict[ReportPhase, Annotated[float, Field(gt=0)]] | None = None
@@ -449,7 +488,34 @@ class Scenario(_Strict):
     job: JobSpec
     faults: Annotated[list[Entry], Field(min_length=1)]
     expect: Expectations = Expectations()
+    expect_in_allocation: Expectations | None = None
+    """What changes in ``expect`` when the job runs in-allocation (only the fields given)."""
     timeout_s: Annotated[float, Field(gt=0, le=3600)] = 300.0
+
+    def expectations(self) -> Expectations:
+        """``expect``, with ``expect_in_allocation``'s fields over it in that mode."""
+        over = self.expect_in_allocation
+        if self.job.mode != "in-allocation" or over is None:
+            return self.expect
+        return self.expect.model_copy(
+            update={k: getattr(over, k) for k in over.model_fields_set}
+        )
+
+    def in_mode(self, mode: str) -> Scenario:
+        """This scenario with its job in ``mode`` (``recover scenario run --mode``). The job
+        trains on as many nodes either way: moved to in-allocation, a local cluster gets one
+        more node per spare the job holds (moved back, one fewer), so the modes compare on
+        the same K, in-allocation holding its spares idle."""
+        if mode not in MODES:
+            raise UsageError(str(unknown_choice("mode", mode, MODES)))
+        doc = self.model_dump(exclude_unset=True)
+        job = doc["job"] | {"mode": mode}
+        if mode == "requeue":
+            job.pop("spares", None)
+        before, after = self.job.job_spares, JobSpec.model_validate(job).job_spares
+        if self.local and self.job.nodes == "all" and after != before:
+            doc["cluster"] = doc.get("cluster", {}) | {"nodes": self.cluster.nodes - before + after}
+        return self.model_validate(doc | {"job": job})
 
     @field_validator("name")
     @classmethod

@@ -28,6 +28,7 @@ from recovery.errors import (
     unknown_choice,
 )
 from recovery.ports.slurm import NodeInfo, describe_state
+from recovery.train.memory import forget_node, memory_root
 from slurm import install, munge, procs, restd
 from slurm.cli_slurm import CliSlurm
 from slurm.clusterinfo import (
@@ -288,8 +289,9 @@ class LocalCluster:
 
     def crash_node(self, name: str, also: Iterable[int] = ()) -> list[int]:
         """SIGKILL ``name``'s slurmd and its job steps and job processes (and the processes in
-        ``also``), as a node losing power would; slurmctld notices after SlurmdTimeout.
-        Returns the pids killed.
+        ``also``), and empty its node-local memory (the training's copies under
+        ``RECOVER_MEMORY_DIR`` or the default root), as a node losing power would; slurmctld
+        notices after SlurmdTimeout. Returns the pids killed.
 
         Raises UsageError naming the cluster's nodes for an unknown one, ClusterError when no
         cluster runs here.
@@ -299,6 +301,8 @@ class LocalCluster:
         roots = [info.pids[key], *also]
         targets = procs.cluster_processes(str(self.state_dir), roots, node=name)
         procs.stop((), kill_now=targets, sleep=self._sleep, clock=self._clock)
+        # A node that loses power loses its tmpfs: the memory tier's copies there are gone.
+        forget_node(memory_root(os.environ), name)
         return sorted(targets)
 
     def freeze_node(self, name: str, also: Iterable[int] = ()) -> list[int]:

@@ -57,6 +57,15 @@ def run(
     ] = None,
     slurm_backend: SlurmBackend = None,
     slurm: SlurmVersion = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            help="How the job comes back from a lost node, whatever the file says: requeue "
+            "(the coordinator requeues it) or in-allocation (the job holds a spare node and "
+            "relaunches on it; the local cluster gets one more node so the job trains on as "
+            "many). The file's expect_in_allocation applies in-allocation."
+        ),
+    ] = None,
 ) -> None:
     """Run a scenario: start the local cluster (or use an existing one), inject its faults,
     check its expectations, write its run directory and report. --slurm-backend is how the
@@ -69,7 +78,7 @@ def run(
         run_command(
             scenario, out=out, cache=cache, as_json=as_json, enforce_budgets=not no_budgets,
             existing=existing_from(slurm_conf, coordinator, token_file), env=os.environ,
-            slurm=SlurmAccess(slurm_backend, slurm=slurm),
+            slurm=SlurmAccess(slurm_backend, slurm=slurm), mode=mode,
         )
     )  # fmt: skip
 

@@ -81,7 +81,8 @@ def train(
         Path | None,
         typer.Option(
             envvar="RECOVER_MEMORY_DIR",
-            help="Root of the node-local copies (a tmpfs). Default: /dev/shm/slurm-k8s-recover.",
+            help="Root of the node-local copies (a tmpfs). "
+            "Default: /dev/shm/slurm-k8s-recover-UID.",
         ),
     ] = None,
 ) -> None:

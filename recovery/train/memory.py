@@ -54,6 +54,22 @@ DEFAULT_ROOT = Path(f"/dev/shm/slurm-k8s-recover-{os.getuid()}")  # noqa: S108 (
 KEEP = 2
 
 
+#: ``--memory-dir`` as the environment gives it.
+ENV_MEMORY_DIR = "RECOVER_MEMORY_DIR"
+
+
+def memory_root(environ: Mapping[str, str]) -> Path:
+    """The root of node-local copies a process started with ``environ`` uses by default."""
+    return Path(environ.get(ENV_MEMORY_DIR) or DEFAULT_ROOT)
+
+
+def forget_node(root: Path, node: str) -> None:
+    """Remove everything ``node`` keeps under ``root``: what a power cycle does to a tmpfs
+    (the local cluster's simulated nodes share one host, so their crash must do it)."""
+    if node and "/" not in node and node not in (".", ".."):
+        shutil.rmtree(root / node, ignore_errors=True)
+
+
 def node_name(environ: Mapping[str, str]) -> str:
     """This process's node as Slurm names it (the host name outside Slurm)."""
     return environ.get("SLURMD_NODENAME") or socket.gethostname()

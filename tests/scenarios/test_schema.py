@@ -9,8 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from recovery.errors import UsageError
 from recovery.report.phases import PHASES
-from scenarios.loader import ScenarioFileError, find, load_file, load_text, shipped
+from scenarios.loader import (
+    Loaded,
+    ScenarioFileError,
+    find,
+    load_file,
+    load_text,
+    shipped,
+    with_mode,
+)
 from scenarios.schema import SPECIAL_FAULTS, Entry
 
 RECOVER = [sys.executable, "-m", "recovery"]
@@ -65,11 +74,12 @@ def test_a_good_file_loads_with_its_defaults() -> None:
          ["Unknown fault 'xid99'. Known: ", "xid79", "gpu-lost", "slurmd-crash"]),
         (GOOD + "    via: kmesg\n", 9, "faults[0].via", ["'agent' or 'kmsg'", "got 'kmesg'"]),
         (GOOD.replace("  steps: 20", "  stepz: 20"), 4, "job.stepz",
-         ["unknown key 'stepz'. Valid keys: command, model, nodes, processes, save_every, seed, "
-          "step_sleep, steps"]),
+         ["unknown key 'stepz'. Valid keys: command, mode, model, nodes, processes, save_every, "
+          "seed, spares, step_sleep, steps"]),
         (GOOD.replace("  steps: 20\n", ""), 3, "job.steps", ["required, but missing"]),
         ("descripton: x\n" + GOOD, 1, "descripton",
-         ["unknown key 'descripton'. Valid keys: cluster, description, expect, faults, job"]),
+         ["unknown key 'descripton'. Valid keys: cluster, description, expect, "
+          "expect_in_allocation, faults, job"]),
         (GOOD.replace("{step: 4}", "{step: 4, checkpoint: 4}"), 8, "faults[0].when",
          ["give exactly one of step, checkpoint, after_s, job, incidents (got step, checkpoint)"]),
         (GOOD.replace("{step: 4}", "{job: crashed}"), 8, "faults[0].when.job",
@@ -178,3 +188,50 @@ def test_the_cli_lists_the_shipped_scenarios() -> None:
     assert rows[0].split() == ["NAME", "DESCRIPTION"]
     for x in shipped():
         assert any(r.split(maxsplit=1) == [x.scenario.name, x.scenario.description] for r in rows)
+
+
+def test_a_scenario_moves_between_modes_keeping_its_training_nodes() -> None:
+    """``--mode in-allocation`` on a requeue file: the job holds one spare, the local cluster
+    one more node so the job trains on as many; the file's expect_in_allocation fields
+    replace expect's, the others are kept; and back again."""
+    text = GOOD + "expect_in_allocation:\n  max_steps_recomputed: 1\n  max_requeues: 0\n"
+    base = Loaded(load_text(text, "s.yaml", default_name="s"), text, None)
+    assert base.scenario.job.job_spares == 0
+    moved = with_mode(base, "in-allocation").scenario
+    assert (moved.job.mode, moved.job.job_spares) == ("in-allocation", 1)
+    assert moved.cluster.nodes == base.scenario.cluster.nodes + 1
+    expect = moved.expectations()
+    assert (expect.max_steps_recomputed, expect.max_requeues) == (1, 0)
+    assert expect.verdicts == base.scenario.expect.verdicts  # kept
+    assert base.scenario.expectations() == base.scenario.expect
+    back = with_mode(with_mode(base, "in-allocation"), "requeue").scenario
+    assert back.cluster.nodes == base.scenario.cluster.nodes
+    assert back.job.job_spares == 0
+    assert with_mode(base, None) is base
+
+
+@pytest.mark.parametrize(
+    ("job", "says"),
+    [
+        ("mode: requeue, spares: 1", "spares 1 needs mode in-allocation"),
+        ("mode: in-allocation, spares: 0", "spares 0 is the requeue mode"),
+        ("mode: in-allocation, spares: 4", "job.spares: 4 spare(s) in the job leave no node"),
+        ("mode: in-allocation, nodes: 3, spares: 2", "at most 1 spare(s) fit"),
+        ("mode: elastic", "'requeue' or 'in-allocation'"),
+    ],
+)
+def test_bad_modes_and_spares_are_named(job: str, says: str) -> None:
+    text = (
+        "cluster: {nodes: 4, spares: 1}\n"
+        f"job: {{steps: 20, save_every: 4, {job}}}\n"
+        "faults: [{fault: xid79}]\n"
+    )
+    with pytest.raises(ScenarioFileError) as e:
+        load_text(text, "s.yaml", default_name="s")
+    assert says in str(e.value)
+
+
+def test_an_unknown_mode_on_the_command_line_names_the_modes() -> None:
+    with pytest.raises(UsageError) as e:
+        with_mode(find("xid79"), "hot")
+    assert "Unknown mode 'hot'. Known: in-allocation, requeue" in str(e.value)
