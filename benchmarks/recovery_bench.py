@@ -4,7 +4,8 @@ empty-spare-pool scenario for contrast.
 
     .venv/bin/python -m benchmarks.recovery_bench [--runs 10] [--single-runs N]
         [--contrast-runs 3] [--processes 4] [--scenario xid79] [--contrast no-spare]
-        [--slurm auto|25.11|22.05] [--out DIR] [--json out.json]
+        [--slurm auto|25.11|22.05] [--mode requeue|in-allocation|both] [--out DIR]
+        [--json out.json]
 
 The fault is the real one (DESIGN.md): the training process on the faulted node is
 SIGABRTed (no save) while slurmd, the batch shell and the other processes live on; the others
@@ -45,7 +46,7 @@ from typing import Any
 
 from recovery.wiring import SlurmAccess
 from scenarios.control import control_digest
-from scenarios.loader import Loaded, find
+from scenarios.loader import Loaded, find, with_mode
 from scenarios.runner import RunOptions, run
 from slurm.conf import ClusterLayout
 
@@ -130,29 +131,45 @@ def percentile(values: list[float], q: int) -> float:
 def side_by_side(many: Series, one: Series | None, processes: int) -> str:
     """fault -> training again, stall p50/p99 and steps recomputed: K processes against one."""
     cols = [(f"{processes} processes", many)] + ([("1 process", one)] if one else [])
-    head = f"{'':<28}" + "".join(f"{c:>16}" for c, _ in cols)
+    return columns(cols)
+
+
+def columns(cols: list[tuple[str, Series]], idle: list[int] | None = None) -> str:
+    """The side-by-side rows for each ``(label, series)``; ``idle``: nodes each column's job
+    holds idle the whole time (the modes' table)."""
+    width = max(16, *(len(c) + 2 for c, _ in cols))
+    head = f"{'':<28}" + "".join(f"{c:>{width}}" for c, _ in cols)
     rows = [head, "-" * len(head)]
 
     def cell(values: list[float], fn: str) -> str:
         if not values:
-            return f"{'-':>16}"
+            return f"{'-':>{width}}"
         v = {"p50": percentile(values, 50), "p99": percentile(values, 99)}[fn]
-        return f"{v:>14.2f} s"
+        return f"{v:>{width - 2}.2f} s"
 
-    for label, key, fn in (
+    rows_of = [
         ("fault -> training again p50", "recovery", "p50"),
         ("fault -> training again p99", "recovery", "p99"),
         ("stall p50", "stall", "p50"),
         ("stall p99", "stall", "p99"),
-    ):
+    ]
+    if idle is not None:
+        rows_of += [("requeue_wait p50", "requeue_wait", "p50"),
+                    ("job_restart p50", "job_restart", "p50"),
+                    ("warmup p50", "warmup", "p50")]  # fmt: skip
+    for label, key, fn in rows_of:
         rows.append(f"{label:<28}" + "".join(
             cell(s.recovery if key == "recovery" else s.phases.get(key, []), fn)
             for _, s in cols
         ))  # fmt: skip
     rows.append(f"{'steps recomputed (median)':<28}" + "".join(
-        f"{statistics.median(s.recomputed) if s.recomputed else '-':>16}" for _, s in cols
+        f"{statistics.median(s.recomputed) if s.recomputed else '-':>{width}}" for _, s in cols
     ))  # fmt: skip
-    rows.append(f"{'runs':<28}" + "".join(f"{len(s.elapsed):>16}" for _, s in cols))
+    if idle is not None:
+        rows.append(f"{'nodes held idle by the job':<28}" + "".join(
+            f"{n:>{width}}" for n in idle))  # fmt: skip
+    rows.append(f"{'runs (failed)':<28}" + "".join(
+        f"{f'{len(s.elapsed)} ({len(s.failed)})':>{width}}" for _, s in cols))  # fmt: skip
     return "\n".join(rows)
 
 
@@ -241,12 +258,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--slurm", default=None, help="auto (25.11 when built), 25.11 or 22.05 [$RECOVER_SLURM]"
     )
+    ap.add_argument(
+        "--mode", choices=("requeue", "in-allocation", "both"), default="requeue",
+        help="the job's recovery mode; both: the scenario in each, side by side, and, when "
+        "--slurm is not 25.11 but 25.11 is built, the expedited requeue as a third column",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     out = args.out or Path("runs") / f"recovery-bench-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
 
     base, contrast = find(args.scenario), find(args.contrast)
     main_s, single = _with_processes(base, args.processes), _with_processes(base, 1)
+    if args.mode == "in-allocation":
+        main_s = with_mode(main_s, "in-allocation")
+    if args.mode == "both":
+        return _both_modes(main_s, args, out)
     single_runs = args.runs if args.single_runs is None else args.single_runs
     contrast_k = contrast.scenario.job.process_count(contrast.scenario.cluster.nodes)
     controls = [(main_s, args.processes, args.runs), (single, 1, single_runs),
@@ -294,6 +320,46 @@ def main(argv: list[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(doc, indent=2))
     return 0 if measured.recovery and not measured.failed else 1
+
+
+def _both_modes(loaded: Loaded, args: argparse.Namespace, out: Path) -> int:
+    """The scenario requeued and in-allocation (and expedited on 25.11), side by side."""
+    from slurm.install import build, choose
+
+    inalloc = with_mode(loaded, "in-allocation")
+    held = inalloc.scenario.job.job_spares
+    plan: list[tuple[str, Loaded, str | None, list[int]]] = [
+        (f"requeue, Slurm {choose(args.slurm).version}", loaded, args.slurm, [0]),
+        ("in-allocation", inalloc, args.slurm, [held]),
+    ]
+    if choose(args.slurm).series < (25, 11) and build() is not None:
+        plan.append(("requeue, 25.11 expedited", loaded, "25.11", [0]))
+    control_digest(loaded.scenario.job, args.cache, processes=args.processes)
+    measured = []
+    for label, what, slurm, _ in plan:
+        tag = label.replace(", ", "-").replace(" ", "-").replace(".", "")
+        measured.append((label, measure(what, args.runs, out, args.cache, tag, slurm)))
+    print(f"\n{loaded.scenario.name}, {args.processes} processes, {args.runs} runs per mode "
+          f"(load average {_load()})")  # fmt: skip
+    print(columns(measured, idle=[p[3][0] for p in plan]))
+    for label, series in measured:
+        print(f"\n{label}:")
+        print(table(series))
+    print()
+    times = {label: statistics.median(s.recovery) for label, s in measured if s.recovery}
+    if len(times) >= 2:
+        best = min(times, key=lambda k: times[k])
+        print(
+            f"fastest back to training: {best} ({times[best]:.2f} s median); "
+            + ", ".join(f"{k} {v / times[best]:.2f}x" for k, v in times.items() if k != best)
+        )
+    print(f"in-allocation holds {held} node(s) idle for the whole job; the requeue modes hold "
+          "none (their replacement comes from the pool's spares)")  # fmt: skip
+    if args.json:
+        doc = {label: s.__dict__ for label, s in measured}
+        args.json.write_text(json.dumps(doc, indent=2))
+    ok = all(s.recovery and not s.failed for _, s in measured)
+    return 0 if ok else 1
 
 
 def _with_processes(loaded: Loaded, processes: int) -> Loaded:

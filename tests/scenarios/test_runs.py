@@ -71,6 +71,35 @@ def test_a_shipped_scenario_passes_on_slurm_2511(
     _check_nothing_left(Path(result["cluster_root"]))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["xid79", "gpu-lost"])
+def test_a_hard_fault_scenario_passes_in_allocation(
+    name: str, control_cache: Path, tmp_path: Path
+) -> None:
+    """The same scenario with the job holding a spare node (``--mode in-allocation``): its
+    supervisor relaunches on the spare, the training restores from a survivor's memory, the
+    job is never requeued, and the file's expect_in_allocation holds."""
+    require_local_slurm()
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [*RECOVER, "scenario", "run", name, "--out", str(out), "--cache", str(control_cache),
+         "--json", "--no-budgets", "--mode", "in-allocation"],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    result = json.loads(done.stdout)
+    assert (result["scenario"], result["passed"]) == (name, True)
+    names = {c["name"] for c in result["checks"] if c["ok"]}
+    assert {"max_requeues", "max_steps_recomputed", "incident_phases in-allocation"} <= names
+    assert "4 node(s) + 1 spare(s) in the job (in-allocation), 4 process(es)" in done.stderr
+    doc = json.loads((out / "run.json").read_text())
+    restored = [json.loads(line) for line in
+                (Path(doc["job"]["run_dir"]) / "events.jsonl").read_text().splitlines()]
+    sources = [e.get("source") for e in restored if e["event"] == "restored"]
+    assert sources == ["memory"], sources
+    _check_nothing_left(Path(result["cluster_root"]))
+
+
 def test_the_demo_is_the_xid79_scenario_and_its_run_directory_is_complete(
     demo_run: DemoRun,
 ) -> None:

@@ -19,7 +19,7 @@ import pytest
 from recovery.checkpoint import CheckpointStore
 from recovery.checkpoint.format import arrays_digest
 from recovery.multiproc import EXIT_PEER_LOST
-from recovery.train.memory import KEEP, local_dir, read_run_id
+from recovery.train.memory import BUDGET, KEEP, MemoryTier, local_dir, read_run_id
 from tests.train.conftest import wait_for
 from tests.train.multi import STOP_WITHIN_S, final_digest, launch, of
 
@@ -157,3 +157,24 @@ def test_an_in_memory_digest_equals_the_checkpoints(tmp_path: Path) -> None:
     arrays["b"] = arrays["b"].copy()
     arrays["b"][0] = 1e-9
     assert arrays_digest(arrays) != saved.state_digest
+
+
+def test_the_tier_keeps_to_its_share_of_the_wall_time(tmp_path: Path) -> None:
+    """A copy that took c seconds delays the next by c / BUDGET; a copy not due is skipped,
+    never waited for."""
+    ticks = iter(x * 0.01 for x in range(1000))
+    tier = MemoryTier(tmp_path / "m", every=1, run_config={}, metadata={"processes": 2})
+    tier._clock = lambda: next(ticks)  # each reading 10 ms later
+    state = {"w": np.ones(4, dtype=np.float32)}
+    assert tier.offer(1, state)
+    tier.wait()  # the copy took one tick: the next waits 0.01 / BUDGET = 0.2 s
+    assert not tier.offer(2, state)
+    assert tier.skipped == 1
+    for step in range(3, 30):
+        if tier.offer(step, state):
+            break
+    tier.wait()
+    # One clock reading per offer: the 0.2 s to wait are some 20 offers skipped.
+    assert tier.skipped >= 0.01 / BUDGET / 0.01 - 3
+    assert tier.copies == 2
+    assert CheckpointStore(tmp_path / "m").steps() == [1, step]
