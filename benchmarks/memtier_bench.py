@@ -31,8 +31,8 @@ TARGET = 1.05
 WARM = 10
 
 
-def one_run(work: Path, every: int, args: argparse.Namespace, i: int) -> float:
-    """Process 0's wall time per step (seconds) in one K-process run."""
+def one_run(work: Path, every: int, args: argparse.Namespace, i: int) -> tuple[float, int]:
+    """Process 0's wall time per step (seconds) in one K-process run, and the copies it made."""
     run_dir = work / f"every{every}-{i}"
     port = free_port()
     procs = []
@@ -55,10 +55,12 @@ def one_run(work: Path, every: int, args: argparse.Namespace, i: int) -> float:
         _, err = p.communicate(timeout=1200)
         if p.returncode:
             raise RuntimeError(f"a process ended {p.returncode}: {err.decode()[-2000:]}")
-    ts = [e["ts"] for e in read_rank_events(run_dir)[0] if e["event"] == "step"][WARM:]
+    events = read_rank_events(run_dir)[0]
+    copies = int(next(e for e in events if e["event"] == "completed").get("memory_copies", 0))
+    ts = [e["ts"] for e in events if e["event"] == "step"][WARM:]
     # Wall time per step over the steady state (the mean, not the median: copies made every
     # few tens of steps would vanish from a median).
-    return float((ts[-1] - ts[0]) / (len(ts) - 1))
+    return float((ts[-1] - ts[0]) / (len(ts) - 1)), copies
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,9 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         one_run(work, 0, args, -1)  # fills the compilation cache: not measured
         for i in range(args.runs):
             for every in got:
-                got[every].append(one_run(work, every, args, i))
-                print(f"run {i}, memory every {every}: {got[every][-1] * 1e3:.2f} ms/step",
-                      flush=True)  # fmt: skip
+                per_step, copies = one_run(work, every, args, i)
+                got[every].append(per_step)
+                print(f"run {i}, memory every {every}: {per_step * 1e3:.2f} ms/step, "
+                      f"{copies} copies in {args.steps} steps", flush=True)  # fmt: skip
     off, on = (statistics.median(v) for v in got.values())
     ratio = on / off
     print()

@@ -16,12 +16,13 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from recovery.errors import UsageError
+from recovery.errors import RecoverError, UsageError, unknown_choice
+from recovery.fsutil import atomic_write
 from recovery.wiring import SlurmAccess
 from scenarios import loader, render
 from scenarios.loader import Loaded
 from scenarios.runner import EXPECTATION_FAILED, RunOptions, RunResult, run
-from scenarios.schema import ExistingCluster
+from scenarios.schema import MODES, ExistingCluster
 
 #: The shipped scenario ``recover demo`` runs.
 DEMO = "xid79"
@@ -89,33 +90,73 @@ def list_command(*, as_json: bool) -> int:
     return 0
 
 
+#: ``recover demo --mode``: one recovery mode, or both side by side.
+DEMO_MODES = ("both", *MODES)
+#: Where ``recover demo --mode both`` writes the in-allocation run, inside its run directory.
+IN_ALLOCATION_DIR = "in-allocation"
+MODES_MD, MODES_PNG = "modes.md", "modes.png"
+
+
 def demo_command(
     *,
     steps: int | None,
     out: Path | None,
     cache: Path | None,
     env: Mapping[str, str] = os.environ,
+    mode: str = "both",
 ) -> int:
-    """``recover demo``: the xid79 scenario on a 4-node + 1-spare local cluster, then the
-    report's table (each phase, lost progress against replacement time, goodput) ending with
-    the timeline's path.
+    """``recover demo``: the xid79 scenario on a local cluster, then the report's table (each
+    phase, lost progress against replacement time, goodput) ending with the timeline's path.
 
-    ``steps`` shortens (or lengthens) the training; it must leave the fault inside the run.
+    ``mode`` ``both`` (the default) runs it requeued (4 nodes + 1 pool spare; its run
+    directory is OUT) and then in-allocation (the job holds a fifth node; OUT/in-allocation),
+    and ends with one table of both and one PNG of both timelines (OUT/modes.md,
+    OUT/modes.png). ``steps`` shortens (or lengthens) the training; it must leave the fault
+    inside the run.
     """
+    if mode not in DEMO_MODES:
+        raise unknown_choice("demo mode (--mode)", mode, DEMO_MODES)
     loaded = loader.find(DEMO)
     if steps is not None:
         loaded = with_steps(loaded, steps)
-    s = loaded.scenario
-    print(f"recover demo: {s.description}")
-    result = _run(loaded, out, cache, False, True, None, env)
-    print()
-    print(render.result_text(result))
-    print()
-    if result.report is not None:
-        print(result.report.table)
-    else:
-        print("no report: see the notes in run.json")
-    return 0 if result.passed else EXPECTATION_FAILED
+    modes = MODES if mode == "both" else (mode,)
+    base = out or default_out(loaded.scenario.name)
+    if mode == "both" and base.exists() and any(base.iterdir()):
+        raise UsageError(f"{base} exists and is not empty; choose another --out or remove it")
+    print(f"recover demo: {loaded.scenario.description}")
+    results = []
+    for i, m in enumerate(modes):
+        run_out = base / IN_ALLOCATION_DIR if i else base
+        if len(modes) > 1:
+            print(f"\n=== {m} ===")
+        results.append(_run(loader.with_mode(loaded, m), run_out, cache, False, True, None, env))
+        print()
+        print(render.result_text(results[-1]))
+        print()
+        report = results[-1].report
+        print(report.table if report is not None else "no report: see the notes in run.json")
+    if len(modes) > 1:
+        print()
+        print(_compare(base, list(zip(modes, results, strict=True)), loaded))
+    return 0 if all(r.passed for r in results) else EXPECTATION_FAILED
+
+
+def _compare(base: Path, runs: list[tuple[str, RunResult]], loaded: Loaded) -> str:
+    """The modes' table and timelines, written to ``base``; the text printed."""
+    from recovery.report import build_report, load_run
+    from recovery.report.table import render_modes
+    from recovery.reportgen.timeline import render_modes_png
+
+    try:
+        reports = [(m, build_report(load_run(r.out))) for m, r in runs]
+    except RecoverError as e:
+        return f"no side-by-side table: {e}"
+    # The nodes Slurm gave the job at its start: in-allocation, its spares too.
+    text = render_modes([(m, rep, len(rep.job.nodes)) for m, rep in reports])
+    atomic_write(base / MODES_PNG, render_modes_png(reports))
+    md = f"# {loaded.scenario.name}: the recovery modes side by side\n\n```\n{text}\n```\n\n"
+    atomic_write(base / MODES_MD, (md + f"![timelines]({MODES_PNG})\n").encode())
+    return f"{text}\n\nside by side: {base / MODES_MD}, timelines: {base / MODES_PNG}"
 
 
 def with_steps(loaded: Loaded, steps: int) -> Loaded:

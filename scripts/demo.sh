@@ -56,6 +56,7 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 echo
 echo "== 5. recover demo: XID 79 on a real local Slurm cluster (4 nodes + 1 spare, the coordinator,"
-echo "      one agent per node, a JAX training job on all 4 nodes); what did the failure cost?"
+echo "      one agent per node, a JAX training job on all 4 nodes), requeued; then again with a"
+echo "      spare node in the job, recovered inside its allocation; what did each cost?"
 # The control run and the JAX compilation cache are kept in .state/control-runs across demos.
 $recover demo --out "$demo/slurm"

@@ -97,12 +97,21 @@ def demo(
     ] = None,
     out: Out = None,
     cache: Cache = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            help="both: requeued (OUT), then in-allocation with a spare node in the job "
+            "(OUT/in-allocation), then one table and one PNG of both (OUT/modes.md, "
+            "OUT/modes.png); requeue or in-allocation: that one only."
+        ),
+    ] = "both",
 ) -> None:
     """XID 79 on a 4-node + 1-spare local cluster with the coordinator, an agent per node and
-    a real JAX training job; ends with what the failure cost, phase by phase."""
+    a real JAX training job, recovered by a requeue and then inside the job's allocation;
+    ends with what the failure cost in each, phase by phase, side by side."""
     from scenarios.main import demo_command
 
-    raise typer.Exit(demo_command(steps=steps, out=out, cache=cache, env=os.environ))
+    raise typer.Exit(demo_command(steps=steps, out=out, cache=cache, env=os.environ, mode=mode))
 
 
 def register(root: typer.Typer) -> None:

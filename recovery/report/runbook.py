@@ -44,7 +44,13 @@ def _happened(report: Report, inc: IncidentReport) -> list[str]:
         f"- The coordinator decided **{inc.verdict}** {seconds(inc.phases['detection'])} later: "
         f"{inc.decision or 'no reason recorded'}.",
     ]
-    if inc.path:
+    inside = _in_allocation(inc)
+    if inside:
+        lines.append(
+            f"- Path for the job: inside its allocation (the job relaunched on a spare node "
+            f"of its own: job {inside}); the coordinator's path was {inc.path or 'none'}."
+        )
+    elif inc.path:
         lines.append(f"- Path for the job: {inc.path}.")
     lines += _ended_jobs(inc)
     if inc.interrupted:
@@ -130,8 +136,13 @@ def _next_steps(report: Report, inc: IncidentReport) -> list[str]:
     if inc.spare and inc.spare != inc.node:
         used = sum(1 for i in report.incidents if i.spare)
         left = max(0, len(report.spares) - used)
+        runs = (
+            "is in service (a refill: the job recovered on a spare of its own)"
+            if _in_allocation(inc)
+            else "now runs the job"
+        )
         steps.append(
-            f"Spare `{inc.spare}` now runs the job; {left} spare(s) left in the pool"
+            f"Spare `{inc.spare}` {runs}; {left} spare(s) left in the pool"
             + (" - the next fault will wait for a repair." if left == 0 else ".")
         )
     if "replacement" in inc.why:
@@ -195,3 +206,9 @@ def render_markdown(report: Report, png_name: str | None = "timeline.png") -> st
     if report.notes:
         out += ["", "## Notes", "", *(f"- {n}" for n in report.notes)]
     return "\n".join(out) + "\n"
+
+
+def _in_allocation(inc: IncidentReport) -> str:
+    """The ``job@nodes`` of the incident's in-allocation phase (the job recovered on a spare
+    of its own), or ``""``."""
+    return next((m.detail or "?" for m in inc.journal if m.name == PhaseName.in_allocation), "")

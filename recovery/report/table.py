@@ -168,3 +168,31 @@ def _digest(report: Report) -> str:
         if report.digest_match
         else "; final state DIFFERS from the uninterrupted control run"
     )
+
+
+def render_modes(runs: Sequence[tuple[str, Report, int]]) -> str:
+    """The same fault recovered in several modes, one column each: every phase of the first
+    incident, lost progress, replacement, goodput, and the nodes each job held. ``runs``:
+    ``(mode, report, nodes the job held)``."""
+    incs = [r.incidents[0] if r.incidents else None for _, r, _ in runs]
+
+    def phase(inc: IncidentReport | None, name: str) -> str:
+        return "-" if inc is None else seconds(inc.phases.get(name))
+
+    rows: list[list[str]] = [[name, *(phase(i, name) for i in incs)] for name in PHASES]
+    rows.append(["fault -> training again",
+                 *("-" if i is None else seconds(i.recovery_s) for i in incs)])  # fmt: skip
+    rows.append(["steps recomputed", *(
+        "-" if i is None or i.steps_recomputed is None else str(i.steps_recomputed)
+        for i in incs)])  # fmt: skip
+    rows.append(["goodput (process time)",
+                 *(f"{100 * r.goodput.goodput:.1f}%" for _, r, _ in runs)])  # fmt: skip
+    rows.append(["nodes the job held", *(str(n) for _, _, n in runs)])
+    rows.append(["goodput (nodes held)", *(
+        f"{100 * r.goodput.goodput * r.goodput.processes / n:.1f}%" if n else "-"
+        for _, r, n in runs)])  # fmt: skip
+    rows.append(["final state = control", *(
+        "-" if r.digest_match is None else ("yes" if r.digest_match else "NO")
+        for _, r, _ in runs)])  # fmt: skip
+    head = ["", *(mode for mode, _, _ in runs)]
+    return table(head, rows, right=tuple(range(1, len(head))))

@@ -415,3 +415,65 @@ def render_png(report: Report, *, dpi: int = 110) -> bytes:
     out = io.BytesIO()
     fig.savefig(out, format="png")
     return out.getvalue()
+
+
+def render_modes_png(runs: Sequence[tuple[str, Report]], *, dpi: int = 110) -> bytes:
+    """The same fault recovered in several modes, as PNG bytes: one panel of phase lanes per
+    mode, then the step lines of every mode's process 0, all on one axis of seconds from each
+    run's fault (the fault at 0 in every panel)."""
+    n = len(runs)
+    fig = Figure(figsize=(13, 3.2 * n + 3.6), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(n + 1, 2, width_ratios=(4.2, 1), height_ratios=(*([1] * n), 1.1))
+    steps_ax = fig.add_subplot(grid[n, 0])
+    kinds: list[str] = []
+    left, right = 0.0, 0.0
+    fitted = []
+    for row, (mode, report) in enumerate(runs):
+        ax = fig.add_subplot(grid[row, 0], sharex=steps_ax)
+        t0 = report.incidents[0].fault_at if report.incidents else report.started
+        bars = _bars(report)
+        kinds += [b.kind for b in bars]
+        labels = _draw_lanes(ax, bars, _lanes(bars) or [f"job {report.job.id}"], t0)
+        fitted.append((ax, labels))
+        ax.axvline(0, color="#d62728", linestyle="--", linewidth=1.2)
+        ax.tick_params(labelbottom=False)
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_title(f"{mode}: {_title(report)}", fontsize=10, loc="left")
+        left, right = min(left, report.started - t0), max(right, report.finished - t0)
+        line = None
+        for p in report.processes:  # process 0's runs (each process's: the lanes above)
+            if not p.steps:
+                continue
+            origin = p.restored_step if p.restored_step is not None else p.steps[0].step - 1
+            xs = [p.steps[0].start - t0, *(s.ts - t0 for s in p.steps)]
+            (line,) = steps_ax.plot(
+                xs,
+                [origin, *(s.step for s in p.steps)],
+                color=line.get_color() if line is not None else None,
+                marker=".",
+                markersize=3,
+                linewidth=1.2,
+                label=None if line is not None else mode,
+            )
+            if p.restored_at is not None and p.restored_step is not None:
+                steps_ax.plot([p.restored_at - t0], [p.restored_step], linestyle="none",
+                              **_MARKS["checkpoint restored"])  # fmt: skip
+    steps_ax.axvline(0, color="#d62728", linestyle="--", linewidth=1.2)
+    steps_ax.set_xlim(left, right)
+    steps_ax.set_xlabel("seconds from the fault")
+    steps_ax.set_ylabel("training step (process 0)")
+    steps_ax.grid(True, alpha=0.3)
+    handles, _ = steps_ax.get_legend_handles_labels()
+    handles.append(Line2D([], [], linestyle="none", label="restored (memory or checkpoint)",
+                          **_MARKS["checkpoint restored"]))  # fmt: skip
+    steps_ax.legend(handles=handles, loc="best", fontsize=8, framealpha=0.9)
+    _phase_legend(fig.add_subplot(grid[:, 1]), list(dict.fromkeys(kinds)), None)
+    fault = runs[0][1].incidents[0] if runs and runs[0][1].incidents else None
+    what = f"{fault.fault} on a job node" if fault else "no fault"
+    fig.suptitle(f"{what}: {' vs '.join(m for m, _ in runs)}", fontsize=12, fontweight="bold")
+    for ax, labels in fitted:
+        _fit(fig, ax, labels)
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()

@@ -209,7 +209,7 @@ def _memory_tier(
         directory,
         every=opts.memory_every,
         run_config=config,
-        metadata={"processes": topology.size},
+        processes=topology.size,
         on_error=failed,
     )
 
@@ -301,16 +301,16 @@ def _train(run: Run, state: Any, restored: Restored | None) -> TrainOutcome:
     with saver.checkpointer:
         state, step, updates, stopped_by = _steps(run, state, step, programs, saver)
         digest = saver.final(step, state, restored=restored)
-    if run.memory is not None:
-        run.memory.wait()
     if stopped_by is not None and step < run.opts.steps:
         name = signal.Signals(stopped_by).name
         run.events.emit("preempted", step=step, checkpoint_step=step, signal=name, updates=updates)
         run.log(f"recover: {name} received; saved step {step}, exiting with {EXIT_PREEMPTED}")
         return TrainOutcome(step, digest, preempted=True, updates=updates)
+    tier: dict[str, Any] = {}
     if run.memory is not None:
         run.memory.discard()  # complete and durable: no relaunch will want the copies
-    run.events.emit("completed", step=step, state_digest=digest, updates=updates)
+        tier = {"memory_copies": run.memory.copies, "memory_s": round(run.memory.spent_s, 6)}
+    run.events.emit("completed", step=step, state_digest=digest, updates=updates, **tier)
     return TrainOutcome(step, digest, preempted=False, updates=updates)
 
 

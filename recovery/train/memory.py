@@ -2,25 +2,30 @@
 memory, and a relaunched job takes its state from a surviving node instead of the durable
 checkpoint.
 
-Where the copy lives: ``ROOT/<node>/<run key>/<run id>/step_N/`` in the checkpoint format
-(manifest, digests; :mod:`recovery.checkpoint`), ``ROOT`` being a tmpfs
-(``/dev/shm/slurm-k8s-recover`` by default), ``<node>`` the Slurm node name
+Where the copy lives: ``ROOT/<node>/<run key>/<run id>/slot-{0,1}.bin``, ``ROOT`` being a
+tmpfs (``/dev/shm/slurm-k8s-recover-<uid>`` by default), ``<node>`` the Slurm node name
 (``SLURMD_NODENAME``, else the host name), ``<run key>`` a digest of the run directory's path
 and ``<run id>`` the id a fresh start writes to ``RUN_DIR/run-id`` (so a run started again in
 a directory of the same name never takes an older run's copies). The node name is part of the
 path so that the simulated nodes of a local cluster, which share one host, never see each
-other's copies: a process started on a spare finds nothing, as on a real spare node. The
-newest two steps are kept; copies of other run ids are removed when the tier starts, and the
-run's own when it completes.
+other's copies: a process started on a spare finds nothing, as on a real spare node. Copies of
+other run ids are removed when the tier starts, and the run's own when it completes.
 
-Saving (:class:`MemoryTier`): after every ``every``-th step the state goes to host memory and
-a background thread writes it; a copy still being written when the next is due makes the
-tier skip that step rather than wait, so the loop never blocks on it. The tier also keeps to
-a budget of :data:`BUDGET` of the wall time: after a copy that took ``c`` seconds, the next
-starts no sooner than ``c / BUDGET`` seconds later. With steps of a tenth of a second or more
-that is every step; with steps of a few milliseconds (a copy costs about 4 ms on a 2-core
-machine, mostly fixed costs) it is every few tens of steps, a few tens of milliseconds of
-work to redo.
+A slot file (:func:`slot_bytes`): ``RCVMEM1\n``, the header's length (8 bytes, little
+endian), the header (JSON: step, state digest, the run configuration's identity, the process
+count, per leaf its path, dtype, shape, offset, size and xxh3-128 digest), padding to 64
+bytes, then the leaves' bytes. Not the checkpoint format: a copy must cost next to nothing
+(no directory, no manifest, no fsync - a node that loses power loses its tmpfs anyway), and
+it is as well checked (:func:`read_slot` verifies every leaf and the state digest).
+
+Saving (:class:`MemoryTier`): after every ``every``-th step the state is copied to host
+memory and written to the older of the two slots (a temporary file renamed over it, so the
+other slot is whole whatever happens), in the loop: no thread competes with the training for
+the interpreter. The tier keeps to a budget of :data:`BUDGET` of the wall time: after a copy
+that took ``c`` seconds, the next is made no sooner than ``c / BUDGET`` seconds later. With
+steps of a few milliseconds or more that is every step or nearly (a copy of a small state
+costs a fraction of a millisecond); with a large state and short steps the copies space out,
+and what is redone after a fault grows with them.
 
 Restoring (:func:`restore_from_memory`, a collective of every process): each process verifies
 its newest local copy; the processes agree on the newest step any of them holds; when that is
@@ -33,10 +38,11 @@ checkpoint, and says why.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import socket
-import threading
+import struct
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,10 +50,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import xxhash
 
-from recovery.checkpoint import CheckpointStore, RetentionPolicy
-from recovery.checkpoint.format import arrays_digest
-from recovery.errors import CheckpointError, UsageError
+from recovery.checkpoint.files import dtype_from_name
+from recovery.checkpoint.format import arrays_digest, canonical_json, config_identity
+from recovery.errors import UsageError
 
 if TYPE_CHECKING:
     from recovery.train.loop import Run
@@ -135,15 +142,91 @@ def read_run_id(run_dir: Path) -> str:
     return (run_dir / RUN_ID_FILE).read_text().strip()
 
 
-@dataclass
-class Saved:
-    step: int
-    digest: str
-    seconds: float
+#: First bytes of a slot file.
+MAGIC = b"RCVMEM1\n"
+_HEAD = struct.Struct("<8sQ")  # magic, header length
+_ALIGN = 64
+
+
+class SlotError(Exception):
+    """A slot that cannot be used (missing, cut short, damaged, another run's)."""
+
+
+def _data_start(header_size: int) -> int:
+    return -(-(_HEAD.size + header_size) // _ALIGN) * _ALIGN
+
+
+def slot_bytes(
+    step: int, arrays: Mapping[str, np.ndarray], *, config_id: str, processes: int
+) -> tuple[bytes, str]:
+    """One slot file's content for ``arrays`` at ``step``, and their state digest: a header
+    (JSON: step, digest, the run configuration's identity, the process count, and per leaf
+    its path, dtype, shape, offset, size and digest), then the leaves' bytes."""
+    leaves: list[list[Any]] = []
+    views: list[np.ndarray] = []
+    offset = 0
+    for path, a in arrays.items():
+        data = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        digest = xxhash.xxh3_128_hexdigest(data.data)
+        leaves.append([path, a.dtype.name, list(a.shape), offset, data.nbytes, digest])
+        views.append(data)
+        offset += data.nbytes
+    rows = [[p, d, shape, dg] for p, d, shape, _, _, dg in leaves]
+    state = str(xxhash.xxh3_128_hexdigest(canonical_json(rows)))
+    doc = {"step": step, "state_digest": state, "config": config_id, "processes": processes,
+           "leaves": leaves}  # fmt: skip
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    head = _HEAD.pack(MAGIC, len(header)) + header
+    pad = b"\0" * (_data_start(len(header)) - len(head))
+    return b"".join([head, pad, *(v.tobytes() for v in views)]), state
+
+
+def read_slot(
+    path: Path, *, config_id: str, processes: int
+) -> tuple[int, str, dict[str, np.ndarray]]:
+    """``(step, state digest, arrays)`` of the slot file at ``path``, every leaf checked
+    against its digest. Raises SlotError saying why it cannot be used."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SlotError("no copy") from None
+    if len(raw) < _HEAD.size:
+        raise SlotError(f"{len(raw)} bytes: cut short")
+    magic, size = _HEAD.unpack_from(raw)
+    if magic != MAGIC:
+        raise SlotError("not a memory-tier copy (bad magic)")
+    if len(raw) < _HEAD.size + size:
+        raise SlotError(f"{len(raw)} bytes: cut short in its header")
+    try:
+        head = json.loads(raw[_HEAD.size : _HEAD.size + size])
+        step, state = int(head["step"]), str(head["state_digest"])
+        leaves = list(head["leaves"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise SlotError(f"header unreadable ({e})") from None
+    if head.get("config") != config_id:
+        raise SlotError(f"step {step} belongs to another run configuration")
+    if head.get("processes") != processes:
+        raise SlotError(f"step {step} was kept by a run of {head.get('processes')} processes")
+    data = memoryview(raw)[_data_start(size) :]
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        for leaf_path, dtype, shape, offset, nbytes, digest in leaves:
+            chunk = data[offset : offset + nbytes]
+            if len(chunk) != nbytes:
+                raise SlotError(f"step {step}: leaf {leaf_path} cut short")
+            if xxhash.xxh3_128_hexdigest(chunk) != digest:
+                raise SlotError(f"step {step}: leaf {leaf_path} does not match its digest")
+            arrays[leaf_path] = np.frombuffer(chunk, dtype=dtype_from_name(dtype)).reshape(shape)
+    except (ValueError, TypeError) as e:
+        raise SlotError(f"step {step}: a leaf entry is malformed ({e})") from None
+    if arrays_digest(arrays) != state:
+        raise SlotError(f"step {step}: the state digest does not match")
+    return step, state, arrays
 
 
 class MemoryTier:
-    """Node-local copies of the state, written in the background, at most one at a time."""
+    """Node-local copies of the state in two slot files written in turn (one complete copy
+    stays while the other is replaced), each copy within the tier's time budget."""
 
     def __init__(
         self,
@@ -151,28 +234,29 @@ class MemoryTier:
         *,
         every: int,
         run_config: Mapping[str, Any],
-        metadata: Mapping[str, Any],
-        on_saved: Callable[[Saved], None] | None = None,
+        processes: int,
         on_error: Callable[[BaseException], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if every < 1:
             raise UsageError(f"--memory-every must be >= 1 to keep copies (got {every})")
         self.directory = directory
         self.every = every
-        self.store = CheckpointStore(directory, retention=RetentionPolicy(keep_last=KEEP))
-        self._run_config = dict(run_config)
-        self._metadata = dict(metadata)
-        self._on_saved = on_saved
+        self.config_id = config_identity(run_config)
+        self.processes = processes
         self._on_error = on_error
-        self._thread: threading.Thread | None = None
-        self._clock = time.monotonic
+        self._clock = clock
         self._next_at = 0.0
+        self._slot = 0
         self.skipped = 0
         self.failed = 0
         self.copies = 0
+        self.spent_s = 0.0
+        """Seconds the loop spent on copies."""
         self._remove_other_runs()
-        if directory.exists():
-            self.store.remove_leftovers()  # a copy cut short by the process's end
+
+    def slots(self) -> list[Path]:
+        return [self.directory / f"slot-{i}.bin" for i in range(KEEP)]
 
     def _remove_other_runs(self) -> None:
         """Copies of earlier runs in a directory of the same name are of no use: free them."""
@@ -186,52 +270,41 @@ class MemoryTier:
 
     def discard(self) -> None:
         """Remove this run's copies (it completed: nothing will restore them)."""
-        self.wait()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def offer(self, step: int, state: Any) -> bool:
-        """Copy ``state`` (at ``step``) when a copy is due and none is being written; whether
-        one was started. Never raises for a write that fails: the durable checkpoints are
-        the tier below, a failed copy is logged (``on_error``) and the next one tried."""
+        """Copy ``state`` (at ``step``) when a copy is due and the budget allows; whether one
+        was made. Never raises for a write that fails: the durable checkpoints are the tier
+        below, a failed copy is logged (``on_error``) and the next one tried."""
         if step % self.every:
             return False
         started = self._clock()
-        if started < self._next_at or (self._thread is not None and self._thread.is_alive()):
+        if started < self._next_at:
             self.skipped += 1
             return False
         from recovery.checkpoint import tree
 
-        host = tree.to_host(state)
-        self._thread = threading.Thread(
-            target=self._write, args=(step, host, started), name="memory-tier", daemon=True
-        )
-        self._thread.start()
-        return True
-
-    def _write(self, step: int, host: dict[str, np.ndarray], started: float) -> None:
         try:
-            result = self.store.save(
-                step,
-                host,
-                run_config=self._run_config,
-                metadata={"data_position": step, **self._metadata},
+            content, _ = slot_bytes(
+                step, tree.to_host(state), config_id=self.config_id, processes=self.processes
             )
-        except BaseException as e:  # a thread's error would be lost: report it
+            self.directory.mkdir(parents=True, exist_ok=True)
+            target = self.slots()[self._slot]
+            tmp = target.with_suffix(".tmp")
+            tmp.write_bytes(content)
+            os.replace(tmp, target)  # the other slot stays whole meanwhile
+        except OSError as e:
             self.failed += 1
             if self._on_error is not None:
                 self._on_error(e)
-            return
+            return False
         finally:
             spent = self._clock() - started
+            self.spent_s += spent
             self._next_at = started + spent / BUDGET
+        self._slot = (self._slot + 1) % KEEP
         self.copies += 1
-        if self._on_saved is not None:
-            self._on_saved(Saved(step, result.state_digest, result.seconds))
-
-    def wait(self) -> None:
-        """Let a copy being written finish."""
-        if self._thread is not None:
-            self._thread.join()
+        return True
 
 
 @dataclass(frozen=True)
@@ -241,25 +314,24 @@ class Held:
     step: int
     digest: str
     arrays: dict[str, np.ndarray] | None
-    refused: list[tuple[int, str]]
-    """Newer local copies that failed verification: ``(step, reason)``."""
+    refused: list[tuple[str, str]]
+    """Slots that could not be used: ``(file name, reason)`` (a missing one is not listed)."""
 
 
-def newest_local(store: CheckpointStore, run_config: Mapping[str, Any], processes: int) -> Held:
-    """The newest local copy that verifies (step -1 when none does)."""
-    refused: list[tuple[int, str]] = []
-    for step in reversed(store.steps()):
+def newest_local(tier: MemoryTier) -> Held:
+    """The newest slot that verifies (step -1 when none does)."""
+    found: list[tuple[int, str, dict[str, np.ndarray]]] = []
+    refused: list[tuple[str, str]] = []
+    for path in tier.slots():
         try:
-            loaded = store.load(step, run_config=run_config)
-        except CheckpointError as e:
-            refused.append((step, str(e)))
-            continue
-        saved_by = int(loaded.manifest.metadata.get("processes", 1))
-        if saved_by != processes:
-            refused.append((step, f"saved by {saved_by} processes, this run has {processes}"))
-            continue
-        return Held(step, loaded.state_digest, loaded.arrays, refused)
-    return Held(-1, "", None, refused)
+            found.append(read_slot(path, config_id=tier.config_id, processes=tier.processes))
+        except SlotError as e:
+            if str(e) != "no copy":
+                refused.append((path.name, str(e)))
+    if not found:
+        return Held(-1, "", None, refused)
+    step, digest, arrays = max(found, key=lambda f: f[0])
+    return Held(step, digest, arrays, refused)
 
 
 @dataclass(frozen=True)
@@ -289,11 +361,11 @@ def restore_from_memory(
     group = run.ranks.group
     t0 = time.perf_counter()
     try:
-        held = newest_local(tier.store, run.config, group.size)
+        held = newest_local(tier)
     except OSError as e:  # an unreadable tmpfs is this node's problem, never the job's
-        held = Held(-1, "", None, [(-1, f"cannot read {tier.directory}: {e}")])
-    for step, reason in held.refused:
-        run.log(f"recover: local copy of step {step} is not usable ({reason})")
+        held = Held(-1, "", None, [(str(tier.directory), f"cannot be read: {e}")])
+    for name, reason in held.refused:
+        run.log(f"recover: local copy {name} is not usable: {reason}")
     node = node_name(os.environ)
     offers = group.allgather([held.step, held.digest, node], channel="memory")
     best = max(int(o[0]) for o in offers)

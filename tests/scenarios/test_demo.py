@@ -30,7 +30,8 @@ def test_recover_demo_ends_with_the_cost_of_the_failure(demo_run: DemoRun) -> No
     assert "injected xid79 on node" in text
     assert "scenario xid79: PASSED" in text
     assert "ok   digest_matches_control" in text
-    table = text.split("scenario xid79: PASSED", 1)[1]
+    requeue = text.split("=== in-allocation ===", 1)[0]
+    table = requeue.split("scenario xid79: PASSED", 1)[1]
     for phase in ("detection", "stall", "take_out", "requeue_wait", "replacement", "no_progress"):
         assert f"\n{phase} " in table, phase
     assert "lost progress: " in table
@@ -53,3 +54,33 @@ def test_recover_demo_ends_with_the_cost_of_the_failure(demo_run: DemoRun) -> No
     assert png == out.absolute() / "timeline.png"
     assert png.stat().st_size > 0
     assert (out / "run.json").exists()
+
+
+def test_recover_demo_then_recovers_inside_the_allocation_and_compares(demo_run: DemoRun) -> None:
+    """The same fault with a spare node in the job: relaunched on it at once, restored from a
+    survivor's memory, never requeued; then one table and one PNG of both modes."""
+    done, out = demo_run.done, demo_run.out
+    assert done.returncode == 0, done.stdout + done.stderr
+    inalloc = done.stdout.split("=== in-allocation ===", 1)[1]
+    assert "4 node(s) + 1 spare(s) in the job (in-allocation), 4 process(es)" in inalloc
+    assert "scenario xid79: PASSED" in inalloc
+    assert "ok   max_requeues" in inalloc
+    assert "ok   incident_phases in-allocation" in inalloc
+    sub = out / "in-allocation"
+    report = json.loads((sub / "report.json").read_text())
+    (inc,) = report["incidents"]
+    assert inc["steps_recomputed"] <= 1
+    restored = [json.loads(line) for line in (sub / "events.jsonl").read_text().splitlines()
+                if '"restored"' in line]  # fmt: skip
+    assert [e["source"] for e in restored] == ["memory"]
+    # The side-by-side table: a column per mode, the nodes each job held.
+    compare = inalloc.rsplit("side by side: ", 1)
+    assert len(compare) == 2, inalloc[-2000:]
+    rows = {line.split("  ")[0]: line.split()[-2:] for line in compare[0].splitlines()
+            if line.startswith(("nodes the job held", "steps recomputed",
+                                "final state = control"))}  # fmt: skip
+    assert rows["nodes the job held"] == ["4", "5"]
+    assert rows["final state = control"] == ["yes", "yes"]
+    assert int(rows["steps recomputed"][1]) <= 1
+    assert (out / "modes.md").read_text().startswith("# xid79: the recovery modes side by side")
+    assert (out / "modes.png").stat().st_size > 0

@@ -124,6 +124,49 @@ def test_a_supervisor_killed_mid_relaunch_requeues_the_job_and_nothing_is_lost(
     assert multi.final_digest(run, 2) == _control_digest(job_dir)
 
 
+@pytest.mark.slow  # about 80 s: three launches of one process, and its control
+def test_a_second_fault_during_the_relaunch_takes_the_next_spare(
+    slurm_ctl: CliSlurm, job_dir: Path
+) -> None:
+    """One process and two spares in the job: the process dies and its node goes DOWN; the
+    moment the supervisor relaunches on the first spare, that node goes DOWN too (a second
+    fault while the relaunch starts). The supervisor relaunches again on the last spare (the
+    batch host): the job completes, never requeued, both bad nodes out of the job and out of
+    service, and the final state is the uninterrupted run's."""
+    run = job_dir / "second"
+    job_id = submit_training(
+        slurm_ctl,
+        [RECOVER, "train", "--run-dir", str(run), *ARGS],
+        sbatch_args=["--nodes=1", f"--output={job_dir}/second-%j.out", f"--chdir={job_dir}"],
+        signal_lead_s=30,
+        processes=1,
+        spares=2,
+    )
+    wait_for(lambda: _events(job_dir, job_id, "launched"), 120, "the supervisor's first step")
+    (sup,) = _events(job_dir, job_id, "supervising")
+    (first,) = sup["step_nodes"]
+    wait_for(lambda: bool(multi.of(run, "checkpoint").get(0)), 240, "a checkpoint")
+    (started,) = multi.of(run, "started")[0]
+    os.kill(int(started["pid"]), signal.SIGABRT)
+    slurm_ctl.run(["scontrol", "update", f"NodeName={first}", "State=DOWN", "Reason=test-1st"])
+
+    wait_for(lambda: len(_events(job_dir, job_id, "launched")) >= 2, 60, "the relaunch")
+    (second,) = _events(job_dir, job_id, "launched")[1]["nodes"]
+    slurm_ctl.run(["scontrol", "update", f"NodeName={second}", "State=DOWN", "Reason=test-2nd"])
+
+    wait_for(lambda: slurm_ctl.job(job_id).state == "COMPLETED", 300, "the job to complete")
+    assert slurm_ctl.job(job_id).restart_count == 0  # never requeued
+    relaunches = _events(job_dir, job_id, "relaunch")
+    assert [r["lost"] for r in relaunches] == [[first], [second]]
+    launched = _events(job_dir, job_id, "launched")
+    assert [e["nodes"] for e in launched] == [[first], [second], [sup["batch_host"]]]
+    assert _events(job_dir, job_id, "finish")[-1]["status"] == 0
+    assert all(slurm_ctl.node(n).down for n in (first, second))
+    control = job_dir / "control1"
+    multi.run(control, 1, 16, 3, "--model", "mlp-tiny")
+    assert multi.final_digest(run, 1) == multi.final_digest(control, 1)
+
+
 def test_more_spares_than_the_cluster_holds_is_refused_naming_what_fits(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:

@@ -19,7 +19,15 @@ import pytest
 from recovery.checkpoint import CheckpointStore
 from recovery.checkpoint.format import arrays_digest
 from recovery.multiproc import EXIT_PEER_LOST
-from recovery.train.memory import BUDGET, KEEP, MemoryTier, local_dir, read_run_id
+from recovery.train.memory import (
+    BUDGET,
+    KEEP,
+    MemoryTier,
+    local_dir,
+    newest_local,
+    read_run_id,
+    read_slot,
+)
 from tests.train.conftest import wait_for
 from tests.train.multi import STOP_WITHIN_S, final_digest, launch, of
 
@@ -30,6 +38,16 @@ STEPS = 12  # tests.train.conftest.K2_STEPS
 def control(k2_control: tuple[int, str]) -> str:
     assert k2_control[0] == STEPS
     return k2_control[1]
+
+
+def _slot_steps(directory: Path) -> list[int]:
+    """The steps of the slots in ``directory`` (their headers, unchecked)."""
+    steps = []
+    for slot in directory.glob("slot-*.bin"):
+        raw = slot.read_bytes()
+        size = int.from_bytes(raw[8:16], "little")
+        steps.append(int(json.loads(raw[16 : 16 + size])["step"]))
+    return steps
 
 
 def _nodes(*names: str) -> list[dict[str, str]]:
@@ -49,7 +67,7 @@ def _crash(run_dir: Path, root: Path, cache: Path, *, at_step: int) -> int:
 
         def kept() -> bool:
             return any(
-                CheckpointStore(d).steps()[-1:] >= [at_step] for d in n1.glob("*") if d.is_dir()
+                max(_slot_steps(d), default=-1) >= at_step for d in n1.glob("*") if d.is_dir()
             )
 
         wait_for(kept, what=f"a copy of step {at_step} on n1", timeout=240)
@@ -105,8 +123,8 @@ def test_a_process_never_reads_another_nodes_copy(
     run_dir, root = tmp_path / "run", tmp_path / "shm"
     _crash(run_dir, root, cache, at_step=4)
     rid = read_run_id(run_dir)
-    assert CheckpointStore(local_dir(root, "n1", run_dir, rid)).steps()
-    assert CheckpointStore(local_dir(root, "n2", run_dir, rid)).steps()
+    assert _slot_steps(local_dir(root, "n1", run_dir, rid))
+    assert _slot_steps(local_dir(root, "n2", run_dir, rid))
 
     _relaunch(run_dir, root, cache, "n3", "n4")
     fell = of(run_dir, "memory-fallback")
@@ -124,23 +142,20 @@ def test_damaged_copies_fall_back_older_then_durable_and_say_why(
     _crash(run_dir, root, cache, at_step=KEEP + 2)
     rid = read_run_id(run_dir)
     n1 = local_dir(root, "n1", run_dir, rid)
-    copies = CheckpointStore(n1).steps()
-    assert len(copies) == KEEP
-    for step in copies:
-        step_dir = n1 / f"step_{step:08d}"
-        manifest = json.loads((step_dir / "manifest.json").read_text())
-        leaf = max(manifest["leaves"], key=lambda leaf: leaf["nbytes"])
-        data = step_dir / leaf["file"]
-        raw = bytearray(data.read_bytes())
-        raw[leaf["offset"] + leaf["nbytes"] // 2] ^= 0xFF  # inside a leaf, not the padding
-        data.write_bytes(bytes(raw))
+    slots = sorted(n1.glob("slot-*.bin"))
+    assert len(slots) == KEEP
+    for slot in slots:
+        raw = bytearray(slot.read_bytes())
+        raw[-3] ^= 0xFF  # in the last leaf's bytes
+        slot.write_bytes(bytes(raw))
 
     _relaunch(run_dir, root, cache, "n1", "n3")
     (fell,) = of(run_dir, "memory-fallback")[0]
     assert fell["reason"] == "no node holds a copy of the state in memory"
     log = (tmp_path / "run.rank0.log").read_text()
-    for step in copies:
-        assert f"local copy of step {step} is not usable" in log
+    for slot in slots:
+        assert f"local copy {slot.name} is not usable: step " in log
+    assert log.count("does not match its digest") >= KEEP
     assert final_digest(run_dir, 2) == control
 
 
@@ -162,19 +177,47 @@ def test_an_in_memory_digest_equals_the_checkpoints(tmp_path: Path) -> None:
 def test_the_tier_keeps_to_its_share_of_the_wall_time(tmp_path: Path) -> None:
     """A copy that took c seconds delays the next by c / BUDGET; a copy not due is skipped,
     never waited for."""
-    ticks = iter(x * 0.01 for x in range(1000))
-    tier = MemoryTier(tmp_path / "m", every=1, run_config={}, metadata={"processes": 2})
-    tier._clock = lambda: next(ticks)  # each reading 10 ms later
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.01  # every reading 10 ms later: a copy "takes" 10 ms
+        return now[0]
+
+    tier = MemoryTier(tmp_path / "m", every=1, run_config={}, processes=2, clock=clock)
     state = {"w": np.ones(4, dtype=np.float32)}
     assert tier.offer(1, state)
-    tier.wait()  # the copy took one tick: the next waits 0.01 / BUDGET = 0.2 s
-    assert not tier.offer(2, state)
-    assert tier.skipped == 1
-    for step in range(3, 30):
-        if tier.offer(step, state):
-            break
-    tier.wait()
-    # One clock reading per offer: the 0.2 s to wait are some 20 offers skipped.
-    assert tier.skipped >= 0.01 / BUDGET / 0.01 - 3
-    assert tier.copies == 2
-    assert CheckpointStore(tmp_path / "m").steps() == [1, step]
+    assert not tier.offer(2, state)  # due again 0.01 / BUDGET = 0.2 s after it began
+    copied = [step for step in range(3, 40) if tier.offer(step, state)]
+    assert copied
+    assert copied[0] >= 0.01 / BUDGET / 0.01 - 2
+    assert tier.copies == 1 + len(copied)
+    assert tier.spent_s == pytest.approx(0.01 * tier.copies)
+
+
+def test_a_slot_names_why_it_cannot_be_used(tmp_path: Path) -> None:
+    """The two slots are written in turn; a damaged, cut or foreign one is refused naming
+    why, and the other one still restores."""
+    tier = MemoryTier(tmp_path / "m", every=1, run_config={"model": "a"}, processes=2)
+    tier._clock = lambda: 0.0  # no budget: copy every time
+    for step in (1, 2, 3):
+        assert tier.offer(step, {"w": np.full(8, step, dtype=np.float32)})
+    held = newest_local(tier)
+    assert held.step == 3
+    assert held.arrays is not None
+    assert held.arrays["w"].tolist() == [3.0] * 8
+    newest = next(p for p in tier.slots() if read_slot(p, config_id=tier.config_id,
+                                                       processes=2)[0] == 3)  # fmt: skip
+    raw = bytearray(newest.read_bytes())
+    raw[-5] ^= 0xFF
+    newest.write_bytes(bytes(raw))
+    held = newest_local(tier)
+    assert held.step == 2
+    assert held.refused == [(newest.name, "step 3: leaf w does not match its digest")]
+    newest.write_bytes(bytes(raw[:100]))
+    assert "cut short" in newest_local(tier).refused[0][1]
+    other = MemoryTier(tmp_path / "m", every=1, run_config={"model": "b"}, processes=2)
+    assert newest_local(other).step == -1
+    assert "another run configuration" in newest_local(other).refused[-1][1]
+    assert "run of 2 processes" in newest_local(
+        MemoryTier(tmp_path / "m", every=1, run_config={"model": "a"}, processes=4)
+    ).refused[-1][1]
