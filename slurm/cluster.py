@@ -28,7 +28,7 @@ from recovery.errors import (
     unknown_choice,
 )
 from recovery.ports.slurm import NodeInfo, describe_state
-from recovery.train.memory import forget_node, memory_root
+from recovery.train.memplace import forget_node, memory_root
 from slurm import install, munge, procs, restd
 from slurm.cli_slurm import CliSlurm
 from slurm.clusterinfo import (
