@@ -127,6 +127,8 @@ class Supervisor:
         relaunches = 0
         while True:
             status = self._run_step(layout, relaunches)
+            if status in (0, 75) and self.signalled is None:
+                status = self._check_success(layout, status)
             if self.signalled is not None or status in (0, 75):
                 decision: Decision = after_step(
                     layout, status, lost=(), dropped=(), relaunches=relaunches,
@@ -177,6 +179,21 @@ class Supervisor:
         self._step = None
         self.journal("step-ended", attempt=attempt, status=status)
         return status
+
+    def _check_success(self, layout: Layout, status: int) -> int:
+        """``status``, or 1 when one of the step's nodes is lost: srun can report 0 for a step
+        whose node failed under it (seen with one task: "srun: error: Node failure"), and a
+        job that ended its training early must not finish as complete. A relaunch of a run
+        that did complete costs little: it restores the final checkpoint and stops."""
+        held = set(self.slurm.job_nodes())
+        watched = list(layout.step)
+        lost = [n for n in watched if n not in held]
+        lost += [n for n in self.slurm.bad_nodes([n for n in watched if n in held])]
+        if not lost:
+            return status
+        why = "a node of the step is lost: srun's status is not the training's"
+        self.journal("status-overruled", status=status, lost=lost, why=why)
+        return 1
 
     def _wait_for_lost(self, layout: Layout) -> tuple[list[str], list[str]]:
         """The job's lost nodes and those Slurm already dropped, waiting up to ``grace_s`` for

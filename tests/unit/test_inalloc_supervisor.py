@@ -202,3 +202,15 @@ def test_a_second_fault_during_the_relaunch_takes_the_next_spare(tmp_path: Path)
     assert decision == Finish(0, "the training step completed")
     assert job.launches == [["n2", "n3"], ["n3", "n4"], ["n3", "n5"]]
     assert [e["attempt"] for e in journal.events if e["event"] == "relaunch"] == [1, 2]
+
+
+def test_a_step_that_srun_reports_0_while_its_node_failed_is_relaunched(tmp_path: Path) -> None:
+    """srun may exit 0 for a one-task step whose node failed under it ("srun: error: Node
+    failure"): a lost node overrules the status, the step is relaunched, never taken as the
+    training's completion."""
+    job = FakeJob(["n1", "n2", "n3", "n4"], statuses=[0, 0], faults={0: {"n2": "DOWN"}})
+    decision, journal = _run(job, tmp_path)
+    assert decision == Finish(0, "the training step completed")
+    assert job.launches == [["n2", "n3"], ["n3", "n4"]]
+    (overruled,) = [e for e in journal.events if e["event"] == "status-overruled"]
+    assert (overruled["status"], overruled["lost"]) == (0, ["n2"])
