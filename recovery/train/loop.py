@@ -350,13 +350,18 @@ def _steps(
     A single process stops at the first step boundary after its signal; several stop
     together, one step later (:class:`~recovery.train.ranks.StopVote`).
     """
-    opts, ranks = run.opts, run.ranks
-    stop: Callable[[int | None], int | None] = (lambda s: s) if ranks is None else StopVote(ranks)
+    opts, ranks, memory = run.opts, run.ranks, run.memory
+    stop: Callable[[int | None, bool], tuple[int | None, bool]] = (
+        (lambda s, c: (s, c)) if ranks is None else StopVote(ranks)
+    )
+    lead = ranks is None or ranks.rank == 0
     updates = 0
     stopped_by = None
     progress_every = max(1, opts.steps // 10)  # about ten progress lines per run
     while step < opts.steps:
-        stopped_by = stop(run.preemption.signal)
+        # Process 0's budget decides when every process keeps a copy (see StopVote).
+        wish = memory is not None and lead and memory.due(step)
+        stopped_by, copy_now = stop(run.preemption.signal, wish)
         if stopped_by is not None:
             break
         if ranks is not None:
@@ -374,8 +379,8 @@ def _steps(
             run.log(f"step {step}/{opts.steps} loss {loss_value:.4f} ({step_s * 1e3:.1f} ms/step)")
         if step % opts.save_every == 0 and step < opts.steps:
             saver.periodic(step, state)
-        if run.memory is not None and step < opts.steps:
-            run.memory.offer(step, state)
+        if memory is not None and copy_now and step < opts.steps:
+            memory.copy(step, state)
         if opts.step_sleep:
             time.sleep(opts.step_sleep)
     return state, step, updates, stopped_by

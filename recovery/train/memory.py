@@ -18,14 +18,17 @@ bytes, then the leaves' bytes. Not the checkpoint format: a copy must cost next 
 (no directory, no manifest, no fsync - a node that loses power loses its tmpfs anyway), and
 it is as well checked (:func:`read_slot` verifies every leaf and the state digest).
 
-Saving (:class:`MemoryTier`): after every ``every``-th step the state is copied to host
-memory and written to the older of the two slots (a temporary file renamed over it, so the
-other slot is whole whatever happens), in the loop: no thread competes with the training for
-the interpreter. The tier keeps to a budget of :data:`BUDGET` of the wall time: after a copy
-that took ``c`` seconds, the next is made no sooner than ``c / BUDGET`` seconds later. With
-steps of a few milliseconds or more that is every step or nearly (a copy of a small state
-costs a fraction of a millisecond); with a large state and short steps the copies space out,
-and what is redone after a fault grows with them.
+Saving (:class:`MemoryTier`): the state is copied to host memory and written to the older of
+the two slots (a temporary file renamed over it, so the other slot is whole whatever
+happens), in the loop: no thread competes with the training for the interpreter. Every
+process copies after the same step: process 0 decides (:meth:`MemoryTier.due`) and its wish
+travels with the stop vote every process already exchanges each step
+(:class:`recovery.train.ranks.StopVote`); copies at different steps would make each process
+wait, in the next collective, for every other's copy. Process 0 keeps the tier within
+:data:`BUDGET` of the wall time: after a copy that took ``c`` seconds, the next is no sooner
+than ``c / BUDGET`` seconds later (and no sooner than ``every`` steps). With steps of a
+tenth of a second (every scenario) that is every step; with mlp-tiny's 3.6 ms steps on two
+cores, about every 20 steps (a copy costs some 1.5 ms there).
 
 Restoring (:func:`restore_from_memory`, a collective of every process): each process verifies
 its newest local copy; the processes agree on the newest step any of them holds; when that is
@@ -89,8 +92,9 @@ if TYPE_CHECKING:
 
 #: Local copies kept per run and node.
 KEEP = 2
-#: Share of the wall time the tier may spend on copies (see the module docstring).
-BUDGET = 0.05
+#: Share of the wall time the tier may spend on copies (see the module docstring): half the
+#: 5% it may cost, since a copy also costs the loop around it a little (caches, allocation).
+BUDGET = 0.025
 
 
 #: First bytes of a slot file.
@@ -198,6 +202,8 @@ class MemoryTier:
         self._on_error = on_error
         self._clock = clock
         self._next_at = 0.0
+        self._last_step = -(10**9)
+        self._pending = False
         self._slot = 0
         self.skipped = 0
         self.failed = 0
@@ -223,18 +229,25 @@ class MemoryTier:
         """Remove this run's copies (it completed: nothing will restore them)."""
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def offer(self, step: int, state: Any) -> bool:
-        """Copy ``state`` (at ``step``) when a copy is due and the budget allows; whether one
-        was made. Never raises for a write that fails: the durable checkpoints are the tier
-        below, a failed copy is logged (``on_error``) and the next one tried."""
-        if step % self.every:
+    def due(self, step: int) -> bool:
+        """Whether a copy after the coming steps keeps within ``every`` and the budget (the
+        loop asks process 0 and every process copies on its answer)."""
+        if self._pending or step - self._last_step < self.every:
             return False
-        started = self._clock()
-        if started < self._next_at:
+        if self._clock() < self._next_at:
             self.skipped += 1
             return False
+        self._pending = True  # until the copy it asks for is made
+        return True
+
+    def copy(self, step: int, state: Any) -> bool:
+        """Copy ``state`` (at ``step``) to the older slot; whether it was written. Never
+        raises for a write that fails: the durable checkpoints are the tier below, a failed
+        copy is logged (``on_error``) and a later one tried."""
         from recovery.checkpoint import tree
 
+        self._pending = False
+        started = self._clock()
         try:
             content, _ = slot_bytes(
                 step, tree.to_host(state), config_id=self.config_id, processes=self.processes
@@ -253,9 +266,14 @@ class MemoryTier:
             spent = self._clock() - started
             self.spent_s += spent
             self._next_at = started + spent / BUDGET
+            self._last_step = step
         self._slot = (self._slot + 1) % KEEP
         self.copies += 1
         return True
+
+    def offer(self, step: int, state: Any) -> bool:
+        """:meth:`copy` when :meth:`due` (one process deciding for itself)."""
+        return self.due(step) and self.copy(step, state)
 
 
 @dataclass(frozen=True)

@@ -121,28 +121,34 @@ def start(
 
 
 class StopVote:
-    """Whether to stop before the next step: any process's SIGTERM/SIGUSR1, agreed by all.
+    """Whether to stop before the next step: any process's SIGTERM/SIGUSR1, agreed by all;
+    and whether to keep a memory copy (:mod:`recovery.train.memory`) after it: process 0's
+    call, so that every process copies after the same step (each waits for the others in
+    the next collective: copies at different steps would cost each process all of them).
 
-    Each call sends this process's signal (or 0) and reads the votes sent one call earlier,
-    so the round trip overlaps a training step instead of adding to it, and every process
-    acts on the same votes: all stop after the same step, one step after the first signal.
+    Each call sends this process's signal (or 0) and copy wish, and reads the votes sent one
+    call earlier, so the round trip overlaps a training step instead of adding to it, and
+    every process acts on the same votes: all stop after the same step, one step after the
+    first signal.
     """
 
     def __init__(self, ranks: Ranks) -> None:
         self._group = ranks.group
         self._previous: Gathering | None = None
 
-    def __call__(self, signal_seen: int | None) -> int | None:
-        """The signal to stop for (the lowest rank's), or None to go on.
+    def __call__(self, signal_seen: int | None, copy: bool = False) -> tuple[int | None, bool]:
+        """The signal to stop for (the lowest rank's) or None to go on, and process 0's copy
+        wish of the previous call.
 
         Raises:
             PeerLostError: a process was lost (normally the watch has ended this one first).
         """
-        current = self._group.start_allgather(signal_seen or 0, channel="loop")
+        current = self._group.start_allgather([signal_seen or 0, bool(copy)], channel="loop")
         previous, self._previous = self._previous, current
         if previous is None:
-            return None
-        return next((int(v) for v in previous.result() if v), None)
+            return None, False
+        votes = previous.result()
+        return next((int(v[0]) for v in votes if v[0]), None), bool(votes[0][1])
 
 
 def finish(ranks: Ranks, exit_code: int, log: Log) -> None:
