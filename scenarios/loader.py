@@ -132,6 +132,10 @@ def semantic_problems(s: Scenario) -> list[tuple[Loc, str]]:
         problems += _process_problems(s, job_nodes)
     valid = [*names, *spares, JOB_NODE, FAULT_NODE]
     for i, e in enumerate(s.faults):
+        if s.job.mode == "in-allocation" and e.when.trigger == ("job", "requeued"):
+            problems.append((("faults", i, "when"), "job: requeued never fires in-allocation "
+                             "(the job relaunches on its own spare, it is not requeued); run "
+                             "this scenario in requeue mode"))  # fmt: skip
         if e.node is not None and e.node not in valid:
             problems.append((("faults", i, "node"), str(unknown_choice("node", e.node, valid))))
         if e.where == FAULT_NODE and not any(f.where for f in s.faults[:i] if f.fault):

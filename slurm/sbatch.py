@@ -357,8 +357,8 @@ def submit_training(
     max_relaunches: int | None = None,
 ) -> str:
     """Submit ``command`` as a requeueable training job of ``processes`` processes (one per
-    node); return the job id. ``expedite`` (None: where :func:`expedite_allowed`) asks for
-    ``--requeue=expedite``.
+    node); return the job id. ``expedite`` (None: where :func:`expedite_allowed`, and never
+    with ``spares``) asks for ``--requeue=expedite``.
 
     With ``spares`` the cluster must have ``processes`` + ``spares`` nodes in service
     (:func:`check_spares_fit`).
@@ -369,7 +369,11 @@ def submit_training(
     if spares:
         check_spares_fit(control, processes, spares)
     if expedite is None:
-        expedite = expedite_allowed(control)
+        # Not for a job with spares: its batch script requeues it itself when no spare is
+        # left, and Slurm 25.11 holds (REQUEUE_HOLD) an expedited job that requeues itself;
+        # the coordinator, which releases such a hold, no longer follows a job that already
+        # recovered inside its allocation. Its fallback waits for cred_expire instead.
+        expedite = expedite_allowed(control) and not spares
     job = training_job(
         command,
         sbatch_args=sbatch_args,

@@ -39,6 +39,7 @@ from recovery.inalloc.decide import (
     first_layout,
     next_layout,
 )
+from recovery.train.preempt import EXIT_PREEMPTED
 
 #: Seconds the supervisor waits, after a failed step, for Slurm to name a lost node.
 DEFAULT_GRACE_S = 30.0
@@ -135,7 +136,7 @@ class Supervisor:
                     max_relaunches=self.max_relaunches,
                 )  # fmt: skip
                 if self.signalled is not None and isinstance(decision, Finish):
-                    decision = Finish(status, f"the step ended after signal {self.signalled}")
+                    decision = self._after_signal(status)
             else:
                 lost, dropped = self._wait_for_lost(layout)
                 decision = after_step(
@@ -179,6 +180,18 @@ class Supervisor:
         self._step = None
         self.journal("step-ended", attempt=attempt, status=status)
         return status
+
+    def _after_signal(self, status: int) -> Decision:
+        """The end of a step a forwarded signal stopped. Saved (75) or complete (0): the
+        step's status (after a USR1 the batch script requeues). Anything else - the signal
+        came while a relaunch was starting, before the training could save (the
+        coordinator's "save and leave" for a node the job already gave back does that) -
+        requeues: ending the job with it would lose the run, and the newest checkpoint and
+        the survivors' memory copies are there to resume from."""
+        name = signal.Signals(self.signalled).name if self.signalled else "a signal"
+        if status in (0, EXIT_PREEMPTED):
+            return Finish(status, f"the step ended after {name}")
+        return Requeue((), f"{name} stopped the step before it could save (status {status})")
 
     def _check_success(self, layout: Layout, status: int) -> int:
         """``status``, or 1 when one of the step's nodes is lost: srun can report 0 for a step

@@ -238,7 +238,12 @@ def incident_phases(
     if requeue_end is not None and started is not None:
         requeue_end = min(requeue_end, started)
     if requeue_end is None and succ is not None:
-        why["requeue_wait"] = "the journal recorded neither jobs-requeued nor job-running"
+        why["requeue_wait"] = (
+            "the job recovered inside its allocation (relaunched on a spare of its own, never "
+            "requeued)"
+            if incident.first(PhaseName.in_allocation)
+            else "the journal recorded neither jobs-requeued nor job-running"
+        )
     take_start = node_out if node_out is not None else decided
     # The job runs again only after both: the node out and every process stopped. The stall
     # leads the chain only when the processes stopped by themselves (killed by the fault, or

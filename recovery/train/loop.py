@@ -174,12 +174,12 @@ def _run_multi(
             locked = RunLock(store.root).held(opts.lock_wait, on_wait=_waiting_for_lock(opts, log))
             with locked if lead else nullcontext():
                 leftovers = store.remove_leftovers() if lead else []
-                fresh = opts.resume is ResumeMode.never and not store.steps()
-                if lead and opts.memory_every:
+                if lead and opts.memory_every:  # the copies' run id, before anyone reads it
+                    fresh = opts.resume is ResumeMode.never and not store.steps()
                     run_id(opts.run_dir, fresh=fresh)
                 ranks.group.barrier()  # nobody writes before the leftovers are gone
                 mesh = M.make_mesh(topology.size)
-                memory = _memory_tier(opts, config, topology, environ, events, log)
+                memory = _memory_tier(opts, config, topology, environ, log)
                 run = Run(opts, spec, mesh, config, store, events, log, preemption, ranks, memory)
                 outcome = _run_locked(run, leftovers)
                 finish(ranks, EXIT_PREEMPTED if outcome.preempted else 0, log)
@@ -193,7 +193,6 @@ def _memory_tier(
     config: dict[str, Any],
     topology: Topology,
     environ: Mapping[str, str],
-    events: EventLog,
     log: Log,
 ) -> MemoryTier | None:
     """This process's node-local copies, when ``--memory-every`` asks for them."""

@@ -72,7 +72,9 @@ def test_a_shipped_scenario_passes_on_slurm_2511(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gpu-lost"])  # xid79 in-allocation: the demo's second run
+# xid79 in-allocation is the demo's second run; xid95-flood drains the node, and the
+# coordinator's USR1 for the drain meets the relaunch (the job requeues itself, once).
+@pytest.mark.parametrize("name", ["gpu-lost", "xid95-flood"])
 def test_a_hard_fault_scenario_passes_in_allocation(
     name: str, control_cache: Path, tmp_path: Path
 ) -> None:
@@ -96,7 +98,7 @@ def test_a_hard_fault_scenario_passes_in_allocation(
     restored = [json.loads(line) for line in
                 (Path(doc["job"]["run_dir"]) / "events.jsonl").read_text().splitlines()]
     sources = [e.get("source") for e in restored if e["event"] == "restored"]
-    assert sources == ["memory"], sources
+    assert sources[-1] == "memory", sources
     _check_nothing_left(Path(result["cluster_root"]))
 
 

@@ -235,3 +235,9 @@ def test_an_unknown_mode_on_the_command_line_names_the_modes() -> None:
     with pytest.raises(UsageError) as e:
         with_mode(find("xid79"), "hot")
     assert "Unknown mode 'hot'. Known: in-allocation, requeue" in str(e.value)
+
+
+def test_a_scenario_that_waits_for_a_requeue_cannot_run_in_allocation() -> None:
+    with pytest.raises(ScenarioFileError) as e:
+        with_mode(find("checkpoint-truncate"), "in-allocation")
+    assert "(--mode in-allocation): faults[1].when: job: requeued never fires" in str(e.value)

@@ -1,5 +1,6 @@
 """Recovery inside the allocation on the real local cluster: `recover sbatch -N 2 --spares 1`
-holds three nodes with --no-kill (on 22.05 and on 25.11, where it is submitted expedited); a
+holds three nodes with --no-kill (on 22.05 and on 25.11, where it is not submitted expedited:
+a job that requeues itself would be held); a
 training process dies (SIGABRT, as on XID 79) and its node
 is set DOWN (as the coordinator does): the job's supervisor relaunches the step on the spare,
 the job is never requeued, and it ends bit-exact with the uninterrupted 2-process run."""
@@ -68,7 +69,7 @@ def _crash_rank1_and_down_its_node(ctl: CliSlurm, run: Path) -> str:
 
 
 @pytest.mark.slow  # about 100 s: three JAX launches (first step, relaunch, control)
-@pytest.mark.parametrize("slurm_backend", ["cli", "cli@25.11"])  # 25.11: submitted expedited
+@pytest.mark.parametrize("slurm_backend", ["cli", "cli@25.11"])
 def test_a_lost_node_is_replaced_by_the_jobs_spare_without_a_requeue(
     slurm_ctl: CliSlurm, job_dir: Path, slurm_backend: str
 ) -> None:

@@ -173,7 +173,31 @@ def test_a_forwarded_signal_reaches_the_step_and_stops_relaunches(tmp_path: Path
     decision = sup.run()
     assert isinstance(decision, Finish)
     assert decision.status == 75
-    assert "signal" in decision.why
+    assert "SIGUSR1" in decision.why
+
+
+def test_a_signal_that_stops_a_relaunch_before_it_saves_requeues(tmp_path: Path) -> None:
+    """The coordinator's USR1 (save and leave a drained node) reaching a relaunch that is
+    only starting: srun ends 138 and nothing saved. Ending the job with 138 would lose the
+    run; it is requeued, to resume from the checkpoints."""
+    job = FakeJob(["n1", "n2", "n3", "n4"], [134, 138], faults={0: {"n2": "DRAIN"}})
+    sup = Supervisor(
+        slurm=job, command=["x"], processes=2, batch_host="n1", journal=Journal(tmp_path / "j"),
+        sleep=lambda _s: None,
+    )  # fmt: skip
+    real_launch = job.launch
+
+    def launch(nodes: Sequence[str], command: Sequence[str]) -> FakeStep:
+        step = real_launch(nodes, command)
+        if len(job.launches) == 2:
+            sup.forward(signal.SIGUSR1)  # arrives as the relaunch starts
+        return step
+
+    job.launch = launch  # type: ignore[method-assign]
+    decision = sup.run()
+    assert isinstance(decision, Requeue)
+    assert decision.why == "SIGUSR1 stopped the step before it could save (status 138)"
+    assert decision_line(decision) == "requeue"
 
 
 def test_relaunch_keeps_survivors_first() -> None:
