@@ -204,6 +204,9 @@ class MemoryTier:
         self._next_at = 0.0
         self._last_step = -(10**9)
         self._pending = False
+        self._tried = False
+        self._asked_at: float | None = None
+        self._last_cost = 0.0
         self._slot = 0
         self.skipped = 0
         self.failed = 0
@@ -230,11 +233,22 @@ class MemoryTier:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def due(self, step: int) -> bool:
-        """Whether a copy after the coming steps keeps within ``every`` and the budget (the
-        loop asks process 0 and every process copies on its answer)."""
-        if self._pending or step - self._last_step < self.every:
+        """Whether to ask for a copy after the coming step, within ``every`` and the budget
+        (the loop asks process 0 each step; every process copies on its answer, one step
+        later: :class:`recovery.train.ranks.StopVote`)."""
+        now = self._clock()
+        interval = now - self._asked_at if self._asked_at is not None else None
+        self._asked_at = now
+        if self._pending:
+            # The copy asked for last time is made at the end of this step. Ask for the next
+            # one too only when copies as dear as the last fit the budget at this pace (so a
+            # copy can follow every step), else the copies would come every other step.
+            return self.every == 1 and interval is not None and self._last_cost / BUDGET <= interval
+        if step - self._last_step < self.every:
             return False
-        if self._clock() < self._next_at:
+        # The copy asked for now is made two steps on (this step, then the one at whose end
+        # the vote is read): compare that moment with when the budget allows the next copy.
+        if now + 2 * (interval or 0.0) < self._next_at:
             self.skipped += 1
             return False
         self._pending = True  # until the copy it asks for is made
@@ -265,7 +279,11 @@ class MemoryTier:
         finally:
             spent = self._clock() - started
             self.spent_s += spent
-            self._next_at = started + spent / BUDGET
+            # The first copy also pays one-off costs (the directory, first-use allocations):
+            # under load it took tens of milliseconds, which spaced the next ones by seconds.
+            self._next_at = started + (spent / BUDGET if self._tried else 0.0)
+            self._tried = True
+            self._last_cost = spent
             self._last_step = step
         self._slot = (self._slot + 1) % KEEP
         self.copies += 1
