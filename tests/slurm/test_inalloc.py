@@ -28,14 +28,20 @@ RECOVER = str(Path(sys.executable).parent / "recover")
 ARGS = ["--steps", "16", "--save-every", "3", "--model", "mlp-tiny", "--step-sleep", "0.3"]
 
 
-def _submit(ctl: CliSlurm, job_dir: Path, name: str, spares: int) -> tuple[str, Path]:
+def _submit(
+    ctl: CliSlurm, job_dir: Path, name: str, spares: int, processes: int = 2
+) -> tuple[str, Path]:
     run = job_dir / name
     job_id = submit_training(
         ctl,
         [RECOVER, "train", "--run-dir", str(run), *ARGS],
-        sbatch_args=["--nodes=2", f"--output={job_dir}/{name}-%j.out", f"--chdir={job_dir}"],
+        sbatch_args=[
+            f"--nodes={processes}",
+            f"--output={job_dir}/{name}-%j.out",
+            f"--chdir={job_dir}",
+        ],
         signal_lead_s=30,
-        processes=2,
+        processes=processes,
         spares=spares,
     )
     return job_id, run
@@ -134,15 +140,7 @@ def test_a_second_fault_during_the_relaunch_takes_the_next_spare(
     fault while the relaunch starts). The supervisor relaunches again on the last spare (the
     batch host): the job completes, never requeued, both bad nodes out of the job and out of
     service, and the final state is the uninterrupted run's."""
-    run = job_dir / "second"
-    job_id = submit_training(
-        slurm_ctl,
-        [RECOVER, "train", "--run-dir", str(run), *ARGS],
-        sbatch_args=["--nodes=1", f"--output={job_dir}/second-%j.out", f"--chdir={job_dir}"],
-        signal_lead_s=30,
-        processes=1,
-        spares=2,
-    )
+    job_id, run = _submit(slurm_ctl, job_dir, "second", spares=2, processes=1)
     wait_for(lambda: _events(job_dir, job_id, "launched"), 120, "the supervisor's first step")
     (sup,) = _events(job_dir, job_id, "supervising")
     (first,) = sup["step_nodes"]
