@@ -130,13 +130,19 @@ def test_term_is_forwarded_and_its_status_kept_without_requeue(tmp_path: Path) -
     assert status == PREEMPTED_STATUS
 
 
-# Signals the batch shell first thing, possibly before that shell learnt its pid ($!).
+# Signals the batch shell first thing, possibly before that shell learnt its pid ($!). All of
+# it is parsed before the signal goes out: bash 5.2 running a trap while it parses a `$(...)`
+# later in the file fails the trap ("unexpected EOF while looking for matching `)'", seen in
+# CI), and the stand-in then ran its whole loop instead of exiting 75.
 SIGNALS_ITS_PARENT = """\
 #!/bin/bash
 trap 'echo TERM >> "$1"; exit 75' TERM
-kill -s TERM "$PPID"
-for i in $(seq 1 300); do sleep 0.1; done
-echo done >> "$1"
+main() {
+    kill -s TERM "$PPID"
+    for ((i = 0; i < 300; i++)); do sleep 0.1; done
+    echo done >> "$1"
+}
+main "$@"
 """
 
 
