@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from recovery.checkpoint import CheckpointStore, RetentionPolicy, RunLock
 from recovery.errors import UsageError
 from recovery.events import EventLog, events_file, slurm_context
 from recovery.multiproc import Topology, topology_from_env
+from recovery.train import compile_cache
 from recovery.train.memory import (
     DEFAULT_ROOT,
     MemoryTier,
@@ -123,7 +123,7 @@ def _run(
 ) -> TrainOutcome:
     from recovery.train import model as M
 
-    _use_compile_cache(opts.compile_cache)
+    compile_cache.use(opts.compile_cache)
     spec = M.get_spec(opts.model)
     config = M.run_config(model=opts.model, seed=opts.seed, lr=opts.lr)
     if spec.batch_size % topology.size:  # known before joining; devices are checked later
@@ -181,7 +181,8 @@ def _run_multi(
                 mesh = M.make_mesh(topology.size)
                 memory = _memory_tier(opts, config, topology, environ, log)
                 run = Run(opts, spec, mesh, config, store, events, log, preemption, ranks, memory)
-                outcome = _run_locked(run, leftovers)
+                with compile_cache.every_process_writes(topology.size):
+                    outcome = _run_locked(run, leftovers)
                 finish(ranks, EXIT_PREEMPTED if outcome.preempted else 0, log)
                 return outcome
     finally:
@@ -221,16 +222,6 @@ def _waiting_for_lock(opts: TrainOptions, log: Log) -> Callable[[str], None]:
         )
 
     return say
-
-
-def _use_compile_cache(directory: Path | None) -> None:
-    if directory is None:
-        return
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    # Our programs compile in well under the default 1 s threshold; cache them anyway.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def _run_locked(run: Run, leftovers: list[str]) -> TrainOutcome:

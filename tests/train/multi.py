@@ -102,9 +102,16 @@ def launch(
     return Job(procs, logs)
 
 
-def run(run_dir: Path, k: int, steps: int, save_every: int, *extra: str) -> Job:
+def run(
+    run_dir: Path,
+    k: int,
+    steps: int,
+    save_every: int,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> Job:
     """:func:`launch` and wait; fails unless every process completed (exit 0)."""
-    job = launch(run_dir, k, steps, save_every, *extra)
+    job = launch(run_dir, k, steps, save_every, *extra, env=env)
     codes = job.wait()
     assert codes == [0] * k, f"exit statuses {codes}\n{job.errors()}"
     return job
