@@ -8,37 +8,129 @@ is ``srun --nodes=K --ntasks=K --ntasks-per-node=1 --nodelist=...`` with
 host, which on the local cluster (every node on one host) is free for process 0 too. On a
 real cluster a port taken on process 0's node makes the step fail to join (exit 11), which
 the supervisor treats as a failed step with no lost node: the job ends and is resubmitted.
+
+Each process of a launch is its own one-node step (``srun --nodes=1 --overlap``), started as a
+standby (``RECOVER_STANDBY=1``, :mod:`recovery.train.standby`): it imports what training needs
+and waits for its rank on stdin. :meth:`JobSteps.warm` starts one on every node of the job
+while the training runs, so a relaunch hands the survivors' nodes and the spare a process that
+is already up instead of starting srun, the interpreter and JAX on the critical path; a node
+with no standby gets one started at the launch and assigned at once (the same path, cold).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
 import os
+import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
-from recovery.multiproc import ENV_RENDEZVOUS, free_port
+from recovery.multiproc import (
+    ENV_GROUP,
+    ENV_PROCESS_ID,
+    ENV_PROCESSES,
+    ENV_RENDEZVOUS,
+    free_port,
+)
+from recovery.train.preempt import EXIT_PREEMPTED
+from recovery.train.standby import ENV_STANDBY
 from slurm.cli_slurm import CliSlurm
 
 #: `recover train --memory-every` as the environment gives it (recovery.train.memory).
 ENV_MEMORY_EVERY = "RECOVER_MEMORY_EVERY"
+#: Seconds the other processes of a launch get to end by themselves once one failed (a
+#: process that loses a peer stops within a second), before their steps are ended.
+KILL_AFTER_S = 10.0
+#: Seconds a standby gets to exit after its input is closed.
+STANDBY_EXIT_S = 5.0
+#: How often a launch's processes are looked at while waiting (seconds).
+POLL_S = 0.05
 
 
-class SrunStep:
-    """A running ``srun`` step."""
+def _status(returncode: int) -> int:
+    """An exit status as a shell reports it: 128+n for a process killed by signal n."""
+    return returncode if returncode >= 0 else 128 - returncode
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        self.pid = proc.pid
 
-    def wait(self) -> int:
-        """The step's exit status; 128+n when srun itself died of signal n."""
-        rc = self.proc.wait()
-        return rc if rc >= 0 else 128 - rc
+def launch_status(statuses: Sequence[int]) -> int:
+    """One launch's status from its processes', in the order they ended: the first failure
+    (the cause: the others end after it, 76 for a lost peer); else 75 when any saved and
+    stopped on a signal; else 0."""
+    for status in statuses:
+        if status not in (0, EXIT_PREEMPTED):
+            return status
+    return EXIT_PREEMPTED if EXIT_PREEMPTED in statuses else 0
+
+
+class LaunchStep:
+    """One launch of the training: a one-node ``srun`` step per process."""
+
+    def __init__(
+        self,
+        procs: Sequence[subprocess.Popen[bytes]],
+        nodes: Sequence[str],
+        warm: Sequence[str],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.procs = list(procs)
+        self.nodes = list(nodes)
+        self.warm = list(warm)
+        """The nodes whose process was already up (a standby) when the launch came."""
+        self.pid = self.procs[0].pid
+        self._clock = clock
+        self._sleep = sleep
+        self._ended: dict[int, int] = {}
+        self._order: list[int] = []
+        self._failed_at: float | None = None
+        self._ending = False
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The launch's status (:func:`launch_status`) once every process ended; None if
+        ``timeout`` seconds pass first. Once one failed, the others get
+        :data:`KILL_AFTER_S` to end by themselves before their steps are ended."""
+        deadline = None if timeout is None else self._clock() + timeout
+        while True:
+            for i, proc in enumerate(self.procs):
+                if i in self._ended:
+                    continue
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                self._ended[i] = _status(rc)
+                self._order.append(i)
+                if self._ended[i] not in (0, EXIT_PREEMPTED) and self._failed_at is None:
+                    self._failed_at = self._clock()
+            if len(self._ended) == len(self.procs):
+                return launch_status([self._ended[i] for i in self._order])
+            if (
+                not self._ending
+                and self._failed_at is not None
+                and self._clock() - self._failed_at >= KILL_AFTER_S
+            ):
+                self._end_the_rest()
+            if deadline is not None and self._clock() >= deadline:
+                return None
+            self._sleep(POLL_S)
+
+    def _end_the_rest(self) -> None:
+        """srun ends its step on SIGINT (``--quit-on-interrupt``): SIGKILL to the task."""
+        self._ending = True
+        for i, proc in enumerate(self.procs):
+            if i not in self._ended:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGINT)
 
     def signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-            self.proc.send_signal(signum)
+        """Forward ``signum`` to every process (each srun passes it to its task)."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    proc.send_signal(signum)
 
 
 class JobSteps:
@@ -48,6 +140,8 @@ class JobSteps:
         self.control = control
         self.job_id = job_id
         self.env = dict(os.environ if env is None else env)
+        self._standby: dict[str, subprocess.Popen[bytes]] = {}
+        self._launches = itertools.count(1)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> JobSteps:
@@ -81,6 +175,7 @@ class JobSteps:
         return bad
 
     def release(self, keep: Sequence[str]) -> None:
+        self._end_standbys([n for n in self._standby if n not in keep])
         self.control.run(
             ["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(keep)}"]
         )
@@ -92,20 +187,77 @@ class JobSteps:
                 return word.split("=", 1)[1]
         return node
 
-    def launch(self, nodes: Sequence[str], command: Sequence[str]) -> SrunStep:
-        k = len(nodes)
+    def _start_standby(self, node: str, command: Sequence[str]) -> subprocess.Popen[bytes]:
         env = dict(self.env)
-        env[ENV_RENDEZVOUS] = f"{self.node_addr(nodes[0])}:{free_port()}"
+        env[ENV_STANDBY] = "1"
         # A relaunch restores from a survivor's memory: keep a copy every step unless the
         # job says otherwise (recover train --memory-every, recovery.train.memory).
         env.setdefault(ENV_MEMORY_EVERY, "1")
         argv = [
             "srun",
-            f"--nodes={k}",
-            f"--ntasks={k}",
-            "--ntasks-per-node=1",
-            f"--nodelist={','.join(nodes)}",
-            "--kill-on-bad-exit=1",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={node}",
+            "--overlap",  # beside the process it may replace
+            "--quit-on-interrupt",
             *command,
         ]
-        return SrunStep(subprocess.Popen(argv, env=env))
+        return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE)
+
+    def warm(self, nodes: Sequence[str], command: Sequence[str]) -> list[str]:
+        """Start a standby on each of ``nodes`` that has none alive; the nodes started."""
+        started = []
+        for node in nodes:
+            proc = self._standby.get(node)
+            if proc is not None and proc.poll() is None:
+                continue
+            self._standby[node] = self._start_standby(node, command)
+            started.append(node)
+        return started
+
+    def launch(self, nodes: Sequence[str], command: Sequence[str]) -> LaunchStep:
+        """Assign process r of a new launch to ``nodes[r]``: the node's standby if one is
+        alive, else one started now."""
+        k = len(nodes)
+        rendezvous = f"{self.node_addr(nodes[0])}:{free_port()}"
+        group = f"{self.job_id}.launch{next(self._launches)}"
+        procs, warm = [], []
+        for rank, node in enumerate(nodes):
+            proc = self._standby.pop(node, None)
+            if proc is not None and proc.poll() is None:
+                warm.append(node)
+            else:
+                proc = self._start_standby(node, command)
+            assignment = {
+                ENV_PROCESS_ID: str(rank),
+                ENV_PROCESSES: str(k),
+                ENV_RENDEZVOUS: rendezvous,
+                ENV_GROUP: group,
+            }
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write((json.dumps(assignment) + "\n").encode())
+                proc.stdin.close()
+            except BrokenPipeError:  # it died just now: its status ends the launch
+                pass
+            procs.append(proc)
+        return LaunchStep(procs, nodes, warm)
+
+    def close(self) -> None:
+        """End every standby (the job is over)."""
+        self._end_standbys(list(self._standby))
+
+    def _end_standbys(self, nodes: Sequence[str]) -> None:
+        procs = [p for n in nodes if (p := self._standby.pop(n, None)) is not None]
+        for proc in procs:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()  # end of input: the standby exits 0
+        deadline = time.monotonic() + STANDBY_EXIT_S
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(STANDBY_EXIT_S)

@@ -14,6 +14,7 @@ from recovery.errors import UsageError
 from recovery.inalloc.decide import DEFAULT_MAX_RELAUNCHES
 from recovery.inalloc.supervisor import (
     DEFAULT_GRACE_S,
+    DEFAULT_STANDBY_AFTER_S,
     Journal,
     Supervisor,
     decision_line,
@@ -38,17 +39,30 @@ def supervise_job(
         float,
         typer.Option(help="Seconds to wait, after a failed step, for Slurm to name a lost node."),
     ] = DEFAULT_GRACE_S,
+    standby_after: Annotated[
+        float,
+        typer.Option(
+            help="Seconds into each launch before a standby training process is started on "
+            "every node of the job, for the next launch to take instead of starting one."
+        ),
+    ] = DEFAULT_STANDBY_AFTER_S,
+    no_standby: Annotated[
+        bool, typer.Option(help="Start no standby: every launch starts its processes.")
+    ] = False,
 ) -> None:
     """Run inside a --no-kill job: launch COMMAND on --processes of the job's nodes with
     srun, and when a node is lost relaunch it on one of the job's spare nodes (the batch
-    host last); with no spare or relaunch left, write 'requeue' for the batch script. Exit
-    status: the step's."""
+    host last); with no spare or relaunch left, write 'requeue' for the batch script. A
+    standby process waits on every node of the job (started --standby-after seconds into a
+    launch) so that a relaunch does not start JAX again. Exit status: the step's."""
     from slurm.jobstep import JobSteps
 
     if max_relaunches < 0:
         raise UsageError(f"Invalid --max-relaunches {max_relaunches}: expected 0 or more")
     if not command:
         raise UsageError("No command to run: give it after '--'")
+    if standby_after < 0:
+        raise UsageError(f"Invalid --standby-after {standby_after:g}: expected 0 or more")
     steps = JobSteps.from_env()
     path = journal or Path(f"supervisor-{steps.job_id}.jsonl")
     supervisor = Supervisor(
@@ -59,6 +73,7 @@ def supervise_job(
         journal=Journal(path),
         max_relaunches=max_relaunches,
         grace_s=grace,
+        standby_after_s=None if no_standby else standby_after,
     )
     install_forwarding(supervisor)
     decision = supervisor.run()

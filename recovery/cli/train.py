@@ -97,11 +97,15 @@ def train(
     the processes train data parallel, save and restore together and stop after the same
     step; process r>0 logs to RUN_DIR/events.rank<r>.jsonl. When one dies the others stop
     within moments with status 76; 11: the processes could not join.
+
+    RECOVER_STANDBY=1 (set by `recover supervise-job`): import everything first, then read
+    the launch's variables as one JSON line from stdin (end of input: exit 0).
     """
     if resume and auto_resume:
         raise UsageError("--resume and --auto-resume are exclusive; pass one")
     if cpu_devices is not None:
         _force_cpu_devices(cpu_devices)
+    _standby()
 
     from recovery.multiproc import topology_from_env
     from recovery.train.loop import ResumeMode, TrainOptions, run_training
@@ -145,6 +149,21 @@ def train(
     if outcome.preempted:
         raise typer.Exit(EXIT_PREEMPTED)
     typer.echo(f"completed step {outcome.step} state_digest {outcome.state_digest}")
+
+
+def _standby() -> None:
+    """Under RECOVER_STANDBY=1 (the job supervisor's processes started ahead of need): warm
+    up, then wait for the assignment on stdin and take it; end of input: exit 0 at once."""
+    import sys
+
+    from recovery.train import standby
+
+    if not standby.requested(os.environ):
+        return
+    assignment = standby.wait(sys.stdin)
+    if assignment is None:
+        raise typer.Exit(0)
+    os.environ.update(assignment)
 
 
 def _force_cpu_devices(n: int) -> None:

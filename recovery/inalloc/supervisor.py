@@ -43,17 +43,23 @@ from recovery.train.preempt import EXIT_PREEMPTED
 
 #: Seconds the supervisor waits, after a failed step, for Slurm to name a lost node.
 DEFAULT_GRACE_S = 30.0
+#: Seconds a launch runs before standbys are started on the job's nodes for the next one
+#: (not at once: on a shared machine they would slow the launch they are not for).
+DEFAULT_STANDBY_AFTER_S = 5.0
 #: How often Slurm is asked while waiting (seconds).
 POLL_S = 0.25
 
 
 class Step(Protocol):
-    """A running training step (``srun``)."""
+    """A running launch of the training (one srun step per process)."""
 
     pid: int
+    warm: list[str]
+    """The nodes whose process was a standby already up when the launch came."""
 
-    def wait(self) -> int:
-        """Block until the step ends; its exit status (128+n for a signal)."""
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until the launch ends: its exit status (128+n for a signal); None when
+        ``timeout`` seconds pass first."""
 
     def signal(self, signum: int) -> None:
         """Forward ``signum`` to the step (srun passes it to every process)."""
@@ -72,7 +78,15 @@ class JobSlurm(Protocol):
         """Shrink the job to ``keep`` (``scontrol update JobId= NodeList=``)."""
 
     def launch(self, nodes: Sequence[str], command: Sequence[str]) -> Step:
-        """Start ``command`` as one process per node on ``nodes`` (the first runs process 0)."""
+        """Start ``command`` as one process per node on ``nodes`` (the first runs process 0),
+        handing each node's standby its rank where one is up."""
+
+    def warm(self, nodes: Sequence[str], command: Sequence[str]) -> list[str]:
+        """Start a standby process of ``command`` on each of ``nodes`` that has none; the
+        nodes where one was started."""
+
+    def close(self) -> None:
+        """End the standbys (the job is over)."""
 
 
 @dataclass
@@ -101,6 +115,9 @@ class Supervisor:
     journal: Journal
     max_relaunches: int = DEFAULT_MAX_RELAUNCHES
     grace_s: float = DEFAULT_GRACE_S
+    standby_after_s: float | None = DEFAULT_STANDBY_AFTER_S
+    """Seconds into a launch before standbys are started for the next; None: never (every
+    launch starts its processes then)."""
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     signalled: int | None = None
@@ -114,6 +131,12 @@ class Supervisor:
             self._step.signal(signum)
 
     def run(self) -> Decision:
+        try:
+            return self._supervise()
+        finally:
+            self.slurm.close()
+
+    def _supervise(self) -> Decision:
         job_nodes = self.slurm.job_nodes()
         layout = first_layout(job_nodes, self.batch_host, self.processes)
         self.journal(
@@ -173,10 +196,22 @@ class Supervisor:
     def _run_step(self, layout: Layout, attempt: int) -> int:
         step = self.slurm.launch(layout.step, self.command)
         self._step = step
-        self.journal("launched", attempt=attempt, nodes=list(layout.step), step_pid=step.pid)
+        self.journal(
+            "launched",
+            attempt=attempt,
+            nodes=list(layout.step),
+            warm=list(step.warm),
+            step_pid=step.pid,
+        )
         if self.signalled is not None:  # a signal that came while the step was starting
             step.signal(self.signalled)
-        status = step.wait()
+        status = step.wait(self.standby_after_s)
+        if status is None:
+            nodes = self.slurm.job_nodes()
+            started = self.slurm.warm(nodes, self.command)
+            self.journal("standby", attempt=attempt, started=started, nodes=nodes)
+            status = step.wait()
+        assert status is not None
         self._step = None
         self.journal("step-ended", attempt=attempt, status=status)
         return status

@@ -27,6 +27,7 @@ from recovery.multiproc.group import Channel, Gathering, Group, OnLost, PeerLost
 from recovery.multiproc.jaxjoin import free_port, join_jax, leave_jax
 from recovery.multiproc.rendezvous import HEARTBEAT_S, JOIN_TIMEOUT_S, SILENCE_S, join
 from recovery.multiproc.topology import (
+    ENV_GROUP,
     ENV_PROCESS_ID,
     ENV_PROCESSES,
     ENV_RENDEZVOUS,
@@ -39,6 +40,7 @@ from recovery.multiproc.topology import (
 EXIT_PEER_LOST = PeerLostError.exit_code
 
 __all__ = [
+    "ENV_GROUP",
     "ENV_PROCESSES",
     "ENV_PROCESS_ID",
     "ENV_RENDEZVOUS",

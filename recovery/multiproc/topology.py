@@ -27,6 +27,9 @@ ENV_PROCESSES = "RECOVER_NUM_PROCESSES"
 ENV_PROCESS_ID = "RECOVER_PROCESS_ID"
 #: ``HOST:PORT`` where process 0 listens for the others.
 ENV_RENDEZVOUS = "RECOVER_RENDEZVOUS"
+#: Names one launch when its processes are not one srun step (the job supervisor's warm
+#: processes are one step each); otherwise the launch is named by Slurm's job and step ids.
+ENV_GROUP = "RECOVER_GROUP"
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def topology_from_env(environ: Mapping[str, str]) -> Topology:
             "(`recover sbatch` does this in its batch script)"
         )
     rendezvous = parse_address(environ[ENV_RENDEZVOUS])
-    group_id = ".".join(
+    group_id = environ.get(ENV_GROUP) or ".".join(
         environ.get(k, "-") for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT")
     )
     return Topology(

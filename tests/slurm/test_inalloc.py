@@ -84,6 +84,10 @@ def test_a_lost_node_is_replaced_by_the_jobs_spare_without_a_requeue(
     (sup,) = _events(job_dir, job_id, "supervising")
     assert len(sup["job_nodes"]) == 3
     assert sup["batch_host"] in sup["spares"]
+    # A standby process waits on every node of the job once the launch has run a while.
+    wait_for(lambda: _events(job_dir, job_id, "standby"), 120, "the standbys")
+    (standby,) = _events(job_dir, job_id, "standby")
+    assert sorted(standby["started"]) == sorted(sup["job_nodes"])
     victim = _crash_rank1_and_down_its_node(slurm_ctl, run)
     assert victim in sup["step_nodes"]
 
@@ -103,6 +107,8 @@ def test_a_lost_node_is_replaced_by_the_jobs_spare_without_a_requeue(
     assert slurm_ctl.job(job_id).restart_count == 0  # never requeued
     launched = _events(job_dir, job_id, "launched")
     assert [e["attempt"] for e in launched] == [0, 1]
+    # The relaunch handed the survivor's node and the spare their standby: none was started.
+    assert sorted(launched[1]["warm"]) == sorted(relaunch["step_nodes"])
     assert _events(job_dir, job_id, "finish")[-1]["status"] == 0
     restored = multi.of(run, "restored")
     assert {e["checkpoint_step"] for r in (0, 1) for e in restored[r]}  # resumed, not restarted

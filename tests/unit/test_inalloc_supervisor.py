@@ -13,15 +13,23 @@ import pytest
 from recovery.errors import SlurmRefusedError
 from recovery.inalloc.decide import Finish, Relaunch, Requeue, after_step, first_layout
 from recovery.inalloc.supervisor import Journal, Supervisor, decision_line
+from slurm.jobstep import launch_status
 
 
 @dataclass
 class FakeStep:
+    """Runs past the supervisor's first wait (so standbys are started), then ends."""
+
     status: int
     pid: int = 1
+    warm: list[str] = field(default_factory=list)
     signals: list[int] = field(default_factory=list)
+    waited: bool = False
 
-    def wait(self) -> int:
+    def wait(self, timeout: float | None = None) -> int | None:
+        if timeout is not None and not self.waited:
+            self.waited = True
+            return None
         return self.status
 
     def signal(self, signum: int) -> None:
@@ -40,6 +48,8 @@ class FakeJob:
     launches: list[list[str]] = field(default_factory=list)
     released: list[list[str]] = field(default_factory=list)
     refuse_release: bool = False
+    standby: set[str] = field(default_factory=set)
+    closed: bool = False
 
     def job_nodes(self) -> list[str]:
         return list(self.nodes)
@@ -52,15 +62,28 @@ class FakeJob:
             raise SlurmRefusedError("scontrol update JobId=1: refused: Unexpected message")
         self.released.append(list(keep))
         self.nodes = [n for n in self.nodes if n in keep]
+        self.standby &= set(keep)
 
     def launch(self, nodes: Sequence[str], command: Sequence[str]) -> FakeStep:
         i = len(self.launches)
         self.launches.append(list(nodes))
+        warm = [n for n in nodes if n in self.standby]
+        self.standby -= set(nodes)
         for node, state in self.faults.get(i, {}).items():
             self.states[node] = state
             if state == "DOWN":
                 self.nodes.remove(node)
-        return FakeStep(self.statuses[i])
+                self.standby.discard(node)  # its standby's step ends with the node
+        return FakeStep(self.statuses[i], warm=warm)
+
+    def warm(self, nodes: Sequence[str], command: Sequence[str]) -> list[str]:
+        started = [n for n in nodes if n not in self.standby]
+        self.standby |= set(started)
+        return started
+
+    def close(self) -> None:
+        self.closed = True
+        self.standby.clear()
 
 
 def _run(job: FakeJob, tmp_path: Path, **kw: object) -> tuple[object, Journal]:
@@ -97,10 +120,56 @@ def test_a_down_node_is_replaced_by_a_spare_and_the_job_completes(tmp_path: Path
     assert job.launches == [["n2", "n3"], ["n2", "n4"]]
     assert job.released == []  # Slurm dropped the DOWN node itself
     assert [e["event"] for e in journal.events] == [
-        "supervising", "launched", "step-ended", "lost", "relaunch", "launched", "step-ended",
-        "finish",
+        "supervising", "launched", "standby", "step-ended", "lost", "relaunch", "launched",
+        "standby", "step-ended", "finish",
     ]  # fmt: skip
-    assert (tmp_path / "sup.jsonl").read_text().count("\n") == 8
+    assert (tmp_path / "sup.jsonl").read_text().count("\n") == 10
+
+
+def test_standbys_wait_on_every_node_and_the_relaunch_takes_them(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3", "n4"], [134, 0], faults={0: {"n3": "DOWN"}})
+    decision, journal = _run(job, tmp_path)
+    assert decision == Finish(0, "the training step completed")
+    launched = [e for e in journal.events if e["event"] == "launched"]
+    standby = [e for e in journal.events if e["event"] == "standby"]
+    assert launched[0]["warm"] == []  # nothing was up before the first launch
+    # Every node the job still holds (the fake drops n3 as the first launch starts).
+    assert standby[0]["started"] == ["n1", "n2", "n4"]
+    assert launched[1]["warm"] == ["n2", "n4"]  # the survivor and the spare were up
+    assert standby[1]["started"] == ["n2", "n4"]  # replaced; n1's still waits
+    assert job.closed  # the job ended: no standby left
+    assert not job.standby
+
+
+def test_no_standby_when_the_supervisor_is_told_so(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3", "n4"], [134, 0], faults={0: {"n3": "DOWN"}})
+    decision, journal = _run(job, tmp_path, standby_after_s=None)
+    assert decision == Finish(0, "the training step completed")
+    assert not [e for e in journal.events if e["event"] == "standby"]
+    assert [e["warm"] for e in journal.events if e["event"] == "launched"] == [[], []]
+
+
+def test_standbys_are_ended_when_the_supervisor_fails(tmp_path: Path) -> None:
+    job = FakeJob(["n1", "n2", "n3"], [134], faults={0: {"n2": "DOWN"}})
+    job.statuses = []  # the relaunch finds no status: the supervisor raises
+    with pytest.raises(IndexError):
+        _run(job, tmp_path)
+    assert job.closed
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        ([0, 0, 0], 0),
+        ([75, 75], 75),
+        ([0, 75], 75),
+        ([134, 76, 76], 134),  # the first to fail is the cause, the others lost a peer
+        ([0, 76, 134], 76),
+        ([75, 143], 143),
+    ],
+)
+def test_a_launch_status_is_its_first_failure(statuses: list[int], expected: int) -> None:
+    assert launch_status(statuses) == expected
 
 
 def test_a_drained_node_is_given_back_before_the_relaunch(tmp_path: Path) -> None:
