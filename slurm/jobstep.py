@@ -65,6 +65,21 @@ def launch_status(statuses: Sequence[int]) -> int:
     return EXIT_PREEMPTED if EXIT_PREEMPTED in statuses else 0
 
 
+def parse_time_left(text: str) -> float | None:
+    """Seconds in squeue's ``%L`` (``[days-][hours:]minutes:seconds``); None for anything
+    else (``UNLIMITED``, ``NOT_SET``, ``INVALID``, nothing)."""
+    days, _, rest = text.strip().rpartition("-")
+    parts = rest.split(":")
+    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    if days and not days.isdigit():
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    return float(seconds + int(days or 0) * 86400)
+
+
 class LaunchStep:
     """One launch of the training: a one-node ``srun`` step per process."""
 
@@ -179,6 +194,11 @@ class JobSteps:
         self.control.run(
             ["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(keep)}"]
         )
+
+    def time_left(self) -> float | None:
+        """Seconds before the job's time limit (``squeue %L``); None: unlimited or unknown."""
+        out = self.control.run(["squeue", "-h", "-j", self.job_id, "-o", "%L"]).strip()
+        return parse_time_left(out)
 
     def node_addr(self, node: str) -> str:
         out = self.control.run(["scontrol", "show", "node", "-o", node])

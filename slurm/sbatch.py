@@ -109,7 +109,7 @@ _SUPERVISED = (
     """
 # {processes} processes on {processes} of the job's nodes, the rest spares (docs/in-allocation.md).
 decided=$(mktemp)
-{supervisor} supervise-job --processes {processes}{relaunches}"""
+{supervisor} supervise-job --processes {processes}{relaunches} --signal-lead {lead}"""
     ' --decision-file "$decided" -- {command} &'
 )
 
@@ -204,6 +204,7 @@ def render_batch_script(
             processes=processes,
             supervisor=shlex.join(supervisor_command(command)),
             relaunches="" if max_relaunches is None else f" --max-relaunches {max_relaunches}",
+            lead=signal_lead_s,
         )
         decide = _SUPERVISED_DECIDE.format()
     elif processes == 1:

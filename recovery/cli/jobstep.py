@@ -49,6 +49,14 @@ def supervise_job(
     no_standby: Annotated[
         bool, typer.Option(help="Start no standby: every launch starts its processes.")
     ] = False,
+    signal_lead: Annotated[
+        float,
+        typer.Option(
+            help="Seconds before the time limit Slurm sends the job USR1 (sbatch --signal): "
+            "a USR1 with no more time left than this (and a minute) is the limit's warning, "
+            "never the coordinator's 'save and leave' for a lost node."
+        ),
+    ] = 60.0,
 ) -> None:
     """Run inside a --no-kill job: launch COMMAND on --processes of the job's nodes with
     srun, and when a node is lost relaunch it on one of the job's spare nodes (the batch
@@ -74,6 +82,7 @@ def supervise_job(
         max_relaunches=max_relaunches,
         grace_s=grace,
         standby_after_s=None if no_standby else standby_after,
+        signal_lead_s=signal_lead,
     )
     install_forwarding(supervisor)
     decision = supervisor.run()

@@ -48,6 +48,14 @@ DEFAULT_GRACE_S = 30.0
 DEFAULT_STANDBY_AFTER_S = 5.0
 #: How often Slurm is asked while waiting (seconds).
 POLL_S = 0.25
+#: How often a running launch is looked at: its end, a signal the batch script forwarded.
+STEP_POLL_S = 0.1
+#: A USR1 that comes this many seconds after the job lost a node, or while a node of the step
+#: is lost, is the coordinator's "save and leave" for that node (see :meth:`Supervisor.forward`).
+RECENT_LOSS_S = 120.0
+#: Seconds before the lead of Slurm's own USR1 warning (``--signal``) within which a USR1
+#: is always taken as the warning of the time limit, whatever node was lost.
+TIME_LIMIT_MARGIN_S = 60.0
 
 
 class Step(Protocol):
@@ -88,6 +96,9 @@ class JobSlurm(Protocol):
     def close(self) -> None:
         """End the standbys (the job is over)."""
 
+    def time_left(self) -> float | None:
+        """Seconds before the job's time limit; None: no limit (or unknown)."""
+
 
 @dataclass
 class Journal:
@@ -118,17 +129,28 @@ class Supervisor:
     standby_after_s: float | None = DEFAULT_STANDBY_AFTER_S
     """Seconds into a launch before standbys are started for the next; None: never (every
     launch starts its processes then)."""
+    signal_lead_s: float = 60.0
+    """How long before the time limit Slurm warns the job with USR1 (``--signal``)."""
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     signalled: int | None = None
-    _step: Step | None = None
+    """A signal that asked the job to stop: after it the supervisor relaunches nothing."""
+    _incoming: list[int] = field(default_factory=list)
+    _leaving: tuple[str, ...] = ()
+    _lost_at: float | None = None
+    _lost_before: tuple[str, ...] = ()
 
     def forward(self, signum: int) -> None:
-        """Pass a signal the batch script forwarded (USR1, TERM) to the running step; after
-        it the supervisor relaunches nothing."""
-        self.signalled = signum
-        if self._step is not None:
-            self._step.signal(signum)
+        """A signal the batch script forwarded (USR1, TERM), noted here (this runs in the
+        signal handler) and acted on by the loop within :data:`STEP_POLL_S`.
+
+        USR1 is what the coordinator sends the jobs of a node it drains ("save and leave
+        the node"), and what Slurm sends before the time limit. Here it is taken as the
+        coordinator's when a node of the job is lost, or was within :data:`RECENT_LOSS_S`,
+        and the time limit is further than the warning's lead: for a node the step still
+        trains on, the step saves and stops and is relaunched without it; for a node the
+        job already left, it is ignored. Any other signal stops the step and the job."""
+        self._incoming.append(signum)
 
     def run(self) -> Decision:
         try:
@@ -151,8 +173,12 @@ class Supervisor:
         relaunches = 0
         while True:
             status = self._run_step(layout, relaunches)
-            if status in (0, 75) and self.signalled is None:
+            if self._leaving and self.signalled is None:
+                # Saved and stopped to leave a lost node: relaunched without it, as a failure.
+                status = 1 if status in (0, EXIT_PREEMPTED) else status
+            elif status in (0, 75) and self.signalled is None:
                 status = self._check_success(layout, status)
+            self._leaving = ()
             if self.signalled is not None or status in (0, 75):
                 decision: Decision = after_step(
                     layout, status, lost=(), dropped=(), relaunches=relaunches,
@@ -195,7 +221,6 @@ class Supervisor:
 
     def _run_step(self, layout: Layout, attempt: int) -> int:
         step = self.slurm.launch(layout.step, self.command)
-        self._step = step
         self.journal(
             "launched",
             attempt=attempt,
@@ -205,16 +230,55 @@ class Supervisor:
         )
         if self.signalled is not None:  # a signal that came while the step was starting
             step.signal(self.signalled)
-        status = step.wait(self.standby_after_s)
-        if status is None:
-            nodes = self.slurm.job_nodes()
-            started = self.slurm.warm(nodes, self.command)
-            self.journal("standby", attempt=attempt, started=started, nodes=nodes)
-            status = step.wait()
-        assert status is not None
-        self._step = None
+        standby_at = None if self.standby_after_s is None else self.clock() + self.standby_after_s
+        while True:
+            self._take_signals(layout, step)
+            status = step.wait(STEP_POLL_S)
+            if status is not None:
+                break
+            if standby_at is not None and self.clock() >= standby_at:
+                standby_at = None
+                nodes = self.slurm.job_nodes()
+                started = self.slurm.warm(nodes, self.command)
+                self.journal("standby", attempt=attempt, started=started, nodes=nodes)
+        self._take_signals(layout, None)  # one that came as the step ended
         self.journal("step-ended", attempt=attempt, status=status)
         return status
+
+    def _take_signals(self, layout: Layout, step: Step | None) -> None:
+        """Act on the signals :meth:`forward` noted (``step``: the running launch, if any)."""
+        while self._incoming:
+            signum = self._incoming.pop(0)
+            name = signal.Signals(signum).name
+            lost = self._leave_for(layout) if signum == signal.SIGUSR1 else None
+            if lost is None:
+                self.signalled = signum
+                if step is not None:
+                    step.signal(signum)
+                continue
+            in_step = tuple(n for n in lost if n in layout.step)
+            if not in_step:
+                why = "save and leave for nodes the job no longer trains on"
+                self.journal("signal-ignored", signal=name, lost=list(lost), why=why)
+                continue
+            self._leaving = in_step
+            why = "save and leave: the step saves, then goes on without them"
+            self.journal("signal-leave", signal=name, nodes=list(in_step), why=why)
+            if step is not None:
+                step.signal(signum)
+
+    def _leave_for(self, layout: Layout) -> tuple[str, ...] | None:
+        """The lost nodes a USR1 now is about (see :meth:`forward`); None: it is not about a
+        node (the time limit's warning, or an operator's)."""
+        left = self.slurm.time_left()
+        if left is not None and left <= self.signal_lead_s + TIME_LIMIT_MARGIN_S:
+            return None
+        lost, _ = self._lost_now(layout)
+        if lost:
+            return tuple(lost)
+        if self._lost_at is not None and self.clock() - self._lost_at <= RECENT_LOSS_S:
+            return self._lost_before
+        return None
 
     def _after_signal(self, status: int) -> Decision:
         """The end of a step a forwarded signal stopped. Saved (75) or complete (0): the
@@ -248,17 +312,25 @@ class Supervisor:
         one of the step's nodes to be among them (the coordinator's verdict may trail the
         crash it caused by a moment)."""
         started = self.clock()
-        watched = list(layout.step) + list(layout.spares)
         while True:
-            held = set(self.slurm.job_nodes())
-            dropped = [n for n in watched if n not in held]
-            bad = self.slurm.bad_nodes([n for n in watched if n in held])
-            lost = dropped + [n for n in bad if n not in dropped]
+            lost, dropped = self._lost_now(layout)
             waited = self.clock() - started
             if any(n in layout.step for n in lost) or waited >= self.grace_s:
                 self.journal("lost", nodes=lost, dropped=dropped, waited_s=round(waited, 3))
+                if lost:
+                    self._lost_at, self._lost_before = self.clock(), tuple(lost)
                 return lost, dropped
             self.sleep(POLL_S)
+
+    def _lost_now(self, layout: Layout) -> tuple[list[str], list[str]]:
+        """Of the layout's nodes, those lost (dropped from the job, or DOWN, DRAIN, FAIL, not
+        responding), and those of them Slurm already dropped; the batch host among them
+        (it is in the job while it lives; a DRAIN on it is a loss like any other)."""
+        watched = list(layout.step) + list(layout.spares)
+        held = set(self.slurm.job_nodes())
+        dropped = [n for n in watched if n not in held]
+        bad = self.slurm.bad_nodes([n for n in watched if n in held])
+        return dropped + [n for n in bad if n not in dropped], dropped
 
     def _decided(self, decision: Decision) -> None:
         if isinstance(decision, Finish):

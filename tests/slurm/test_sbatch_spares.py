@@ -26,8 +26,8 @@ def test_spares_ask_k_plus_s_nodes_with_no_kill_and_run_the_supervisor() -> None
     assert "no-kill" in job.options
     assert job.extra_args == ("--time=5",)  # the user's -N 2 no longer overrides K+S
     assert (
-        'recover supervise-job --processes 2 --decision-file "$decided" -- recover train '
-        "--run-dir /r --steps 5 --auto-resume &"
+        'recover supervise-job --processes 2 --signal-lead 60 --decision-file "$decided" -- '
+        "recover train --run-dir /r --steps 5 --auto-resume &"
     ) in job.script
     assert 'scontrol requeue "$SLURM_JOB_ID"' in job.script
 
@@ -48,7 +48,7 @@ def test_spares_need_recover_train_and_a_count_of_zero_or_more() -> None:
 
 def test_max_relaunches_goes_to_the_supervisor_and_needs_spares() -> None:
     job = training_job(CMD, sbatch_args=["-N", "2"], processes=2, spares=1, max_relaunches=5)
-    assert "recover supervise-job --processes 2 --max-relaunches 5 --decision-file" in job.script
+    assert "--processes 2 --max-relaunches 5 --signal-lead 60 --decision" in job.script
     default = training_job(CMD, sbatch_args=["-N", "2"], processes=2, spares=1)
     assert "--max-relaunches" not in default.script  # the supervisor's own default
     with pytest.raises(UsageError, match=r"--max-relaunches bounds relaunches .* give --spares"):

@@ -13,22 +13,23 @@ import pytest
 from recovery.errors import SlurmRefusedError
 from recovery.inalloc.decide import Finish, Relaunch, Requeue, after_step, first_layout
 from recovery.inalloc.supervisor import Journal, Supervisor, decision_line
-from slurm.jobstep import launch_status
+from slurm.jobstep import launch_status, parse_time_left
 
 
 @dataclass
 class FakeStep:
-    """Runs past the supervisor's first wait (so standbys are started), then ends."""
+    """Runs for ``polls`` of the supervisor's waits (long enough for its standbys to be
+    started on the fake clock), then ends with ``status``."""
 
     status: int
     pid: int = 1
     warm: list[str] = field(default_factory=list)
     signals: list[int] = field(default_factory=list)
-    waited: bool = False
+    polls: int = 10
 
     def wait(self, timeout: float | None = None) -> int | None:
-        if timeout is not None and not self.waited:
-            self.waited = True
+        if timeout is not None and self.polls > 0:
+            self.polls -= 1
             return None
         return self.status
 
@@ -50,6 +51,8 @@ class FakeJob:
     refuse_release: bool = False
     standby: set[str] = field(default_factory=set)
     closed: bool = False
+    left_s: float | None = None
+    steps: list[FakeStep] = field(default_factory=list)
 
     def job_nodes(self) -> list[str]:
         return list(self.nodes)
@@ -74,7 +77,11 @@ class FakeJob:
             if state == "DOWN":
                 self.nodes.remove(node)
                 self.standby.discard(node)  # its standby's step ends with the node
-        return FakeStep(self.statuses[i], warm=warm)
+        self.steps.append(FakeStep(self.statuses[i], warm=warm))
+        return self.steps[-1]
+
+    def time_left(self) -> float | None:
+        return self.left_s
 
     def warm(self, nodes: Sequence[str], command: Sequence[str]) -> list[str]:
         started = [n for n in nodes if n not in self.standby]
@@ -245,28 +252,81 @@ def test_a_forwarded_signal_reaches_the_step_and_stops_relaunches(tmp_path: Path
     assert "SIGUSR1" in decision.why
 
 
-def test_a_signal_that_stops_a_relaunch_before_it_saves_requeues(tmp_path: Path) -> None:
-    """The coordinator's USR1 (save and leave a drained node) reaching a relaunch that is
-    only starting: srun ends 138 and nothing saved. Ending the job with 138 would lose the
-    run; it is requeued, to resume from the checkpoints."""
-    job = FakeJob(["n1", "n2", "n3", "n4"], [134, 138], faults={0: {"n2": "DRAIN"}})
-    sup = Supervisor(
-        slurm=job, command=["x"], processes=2, batch_host="n1", journal=Journal(tmp_path / "j"),
-        sleep=lambda _s: None,
-    )  # fmt: skip
+def _signal_as_the_relaunch_starts(job: FakeJob, sup: Supervisor, signum: int) -> None:
     real_launch = job.launch
 
     def launch(nodes: Sequence[str], command: Sequence[str]) -> FakeStep:
         step = real_launch(nodes, command)
         if len(job.launches) == 2:
-            sup.forward(signal.SIGUSR1)  # arrives as the relaunch starts
+            sup.forward(signum)
         return step
 
     job.launch = launch  # type: ignore[method-assign]
+
+
+def _sup(job: FakeJob, tmp_path: Path) -> Supervisor:
+    clock = iter(range(10_000))
+    return Supervisor(
+        slurm=job, command=["x"], processes=2, batch_host="n1", journal=Journal(tmp_path / "j"),
+        clock=lambda: float(next(clock)), sleep=lambda _s: None,
+    )  # fmt: skip
+
+
+def test_a_signal_that_stops_a_relaunch_before_it_saves_requeues(tmp_path: Path) -> None:
+    """TERM (not about a node) reaching a relaunch that is only starting: srun ends 143 and
+    nothing saved. Ending the job with 143 would lose the run; it is requeued, to resume
+    from the checkpoints."""
+    job = FakeJob(["n1", "n2", "n3", "n4"], [134, 143], faults={0: {"n2": "DRAIN"}})
+    sup = _sup(job, tmp_path)
+    _signal_as_the_relaunch_starts(job, sup, signal.SIGTERM)
     decision = sup.run()
     assert isinstance(decision, Requeue)
-    assert decision.why == "SIGUSR1 stopped the step before it could save (status 138)"
+    assert decision.why == "SIGTERM stopped the step before it could save (status 143)"
     assert decision_line(decision) == "requeue"
+    assert job.steps[1].signals == [signal.SIGTERM]
+
+
+def test_the_coordinators_usr1_for_a_node_the_job_left_is_ignored(tmp_path: Path) -> None:
+    """The coordinator drains n2 (its training died there) and sends the job USR1 ("save and
+    leave n2"); it arrives as the relaunch without n2 starts. Passing it on would stop the
+    relaunch and requeue the job: it is ignored, and the job completes in its allocation."""
+    job = FakeJob(["n1", "n2", "n3", "n4"], [134, 0], faults={0: {"n2": "DRAIN"}})
+    sup = _sup(job, tmp_path)
+    _signal_as_the_relaunch_starts(job, sup, signal.SIGUSR1)
+    decision = sup.run()
+    assert decision == Finish(0, "the training step completed")
+    assert job.steps[1].signals == []
+    (ignored,) = [e for e in sup.journal.events if e["event"] == "signal-ignored"]
+    assert (ignored["signal"], ignored["lost"]) == ("SIGUSR1", ["n2"])
+
+
+def test_a_usr1_for_a_draining_step_node_saves_and_relaunches_without_it(tmp_path: Path) -> None:
+    """A drain with the training still alive on n3: the step saves and stops on USR1 (75),
+    then the job gives n3 back and goes on, on its spare: no requeue."""
+    job = FakeJob(["n1", "n2", "n3", "n4"], [75, 0], faults={0: {"n3": "DRAIN"}})
+    sup = _sup(job, tmp_path)
+    sup.forward(signal.SIGUSR1)  # comes while the first step runs
+    decision = sup.run()
+    assert decision == Finish(0, "the training step completed")
+    assert job.launches == [["n2", "n3"], ["n2", "n4"]]
+    assert job.released == [["n1", "n2", "n4"]]
+    assert [st.signals for st in job.steps] == [[signal.SIGUSR1], []]
+    (leave,) = [e for e in sup.journal.events if e["event"] == "signal-leave"]
+    assert leave["nodes"] == ["n3"]
+
+
+def test_a_usr1_near_the_time_limit_is_its_warning_even_while_a_node_drains(
+    tmp_path: Path,
+) -> None:
+    """Slurm's own USR1 comes the signal's lead (60 s) before the time limit: with so little
+    time left a relaunch would not get far, so the job saves and ends (the batch script
+    requeues it), whatever node drains."""
+    job = FakeJob(["n1", "n2", "n3", "n4"], [75], faults={0: {"n3": "DRAIN"}}, left_s=61.0)
+    sup = _sup(job, tmp_path)
+    sup.forward(signal.SIGUSR1)
+    decision = sup.run()
+    assert decision == Finish(75, "the step ended after SIGUSR1")
+    assert job.launches == [["n2", "n3"]]
 
 
 def test_relaunch_keeps_survivors_first() -> None:
@@ -307,3 +367,20 @@ def test_a_step_that_srun_reports_0_while_its_node_failed_is_relaunched(tmp_path
     assert job.launches == [["n2", "n3"], ["n3", "n4"]]
     (overruled,) = [e for e in journal.events if e["event"] == "status-overruled"]
     assert (overruled["status"], overruled["lost"]) == (0, ["n2"])
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1:05", 65.0),
+        ("2:00:01", 7201.0),
+        ("1-00:00:10", 86410.0),
+        ("UNLIMITED", None),
+        ("NOT_SET", None),
+        ("INVALID", None),
+        ("", None),
+        ("x-1:00", None),
+    ],
+)
+def test_squeue_time_left(text: str, seconds: float | None) -> None:
+    assert parse_time_left(text) == seconds
