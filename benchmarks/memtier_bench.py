@@ -2,7 +2,7 @@
 every step (``--memory-every 1``) against none, the same K-process job side by side.
 
     .venv/bin/python -m benchmarks.memtier_bench [--runs 3] [--processes 2] [--steps 300]
-        [--model mlp-tiny] [--every 1] [--json out.json]
+        [--model mlp-tiny] [--every 1] [--budget 0.025] [--json out.json]
 
 Each run starts K real ``recover train`` processes on this machine (joined as under srun,
 each told its own node name), trains ``--steps`` steps with no durable checkpoint but the
@@ -43,6 +43,7 @@ def one_run(work: Path, every: int, args: argparse.Namespace, i: int) -> tuple[f
             "RECOVER_PROCESS_ID": str(rank),
             "RECOVER_RENDEZVOUS": f"127.0.0.1:{port}",
             "RECOVER_MEMORY_EVERY": str(every),
+            "RECOVER_MEMORY_BUDGET": str(args.budget),
             "RECOVER_MEMORY_DIR": str(work / "shm"),
             "SLURMD_NODENAME": f"bench{rank}",
         }
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--model", default="mlp-tiny")
     parser.add_argument("--every", type=int, default=1)
+    parser.add_argument("--budget", type=float, default=0.025,
+                        help="recover train --memory-budget")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.steps <= WARM + 2:

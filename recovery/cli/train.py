@@ -77,6 +77,15 @@ def train(
             "sets 1.",
         ),
     ] = 0,
+    memory_budget: Annotated[
+        float,
+        typer.Option(
+            envvar="RECOVER_MEMORY_BUDGET",
+            help="Share of the wall time the memory copies may take (process 0 spaces them "
+            "out to stay within it; with steps of a tenth of a second or more that is still "
+            "a copy every step).",
+        ),
+    ] = 0.025,
     memory_dir: Annotated[
         Path | None,
         typer.Option(
@@ -137,6 +146,7 @@ def train(
                 lock_wait=lock_wait,
                 memory_every=memory_every,
                 memory_dir=memory_dir,
+                memory_budget=memory_budget,
                 compile_cache=None
                 if no_compile_cache
                 else (compile_cache or run_dir / "compile-cache"),

@@ -208,6 +208,7 @@ def _memory_tier(
     return MemoryTier(
         directory,
         every=opts.memory_every,
+        budget=opts.memory_budget,
         run_config=config,
         processes=topology.size,
         on_error=failed,

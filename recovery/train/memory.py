@@ -190,13 +190,17 @@ class MemoryTier:
         every: int,
         run_config: Mapping[str, Any],
         processes: int,
+        budget: float = BUDGET,
         on_error: Callable[[BaseException], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if every < 1:
             raise UsageError(f"--memory-every must be >= 1 to keep copies (got {every})")
+        if not 0 < budget <= 1:
+            raise UsageError(f"--memory-budget must be in (0, 1] (got {budget:g})")
         self.directory = directory
         self.every = every
+        self.budget = budget
         self.config_id = config_identity(run_config)
         self.processes = processes
         self._on_error = on_error
@@ -243,7 +247,11 @@ class MemoryTier:
             # The copy asked for last time is made at the end of this step. Ask for the next
             # one too only when copies as dear as the last fit the budget at this pace (so a
             # copy can follow every step), else the copies would come every other step.
-            return self.every == 1 and interval is not None and self._last_cost / BUDGET <= interval
+            return (
+                self.every == 1
+                and interval is not None
+                and self._last_cost / self.budget <= interval
+            )
         if step - self._last_step < self.every:
             return False
         # The copy asked for now is made two steps on (this step, then the one at whose end
@@ -281,7 +289,7 @@ class MemoryTier:
             self.spent_s += spent
             # The first copy also pays one-off costs (the directory, first-use allocations):
             # under load it took tens of milliseconds, which spaced the next ones by seconds.
-            self._next_at = started + (spent / BUDGET if self._tried else 0.0)
+            self._next_at = started + (spent / self.budget if self._tried else 0.0)
             self._tried = True
             self._last_cost = spent
             self._last_step = step

@@ -54,6 +54,8 @@ class TrainOptions:
     (:mod:`recovery.train.memory`)."""
     memory_dir: Path | None = None
     """Root of the node-local copies; None: :data:`recovery.train.memory.DEFAULT_ROOT`."""
+    memory_budget: float = 0.025
+    """Share of the wall time the copies may take (:data:`recovery.train.memory.BUDGET`)."""
 
 
 @dataclass(frozen=True)
@@ -76,5 +78,9 @@ def validate(opts: TrainOptions) -> None:
         raise UsageError(f"--step-sleep must be >= 0 (got {opts.step_sleep})")
     if opts.memory_every < 0:
         raise UsageError(f"--memory-every must be >= 0 (got {opts.memory_every}; 0 is off)")
+    if not 0 < opts.memory_budget <= 1:
+        raise UsageError(
+            f"--memory-budget must be a share of the time in (0, 1] (got {opts.memory_budget:g})"
+        )
     if opts.lock_wait < 0:
         raise UsageError(f"--lock-wait must be >= 0 (got {opts.lock_wait})")
