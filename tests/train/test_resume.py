@@ -162,6 +162,8 @@ def test_damaged_newest_checkpoint_falls_back_and_still_matches_control(
         ({"save_every": 0}, "--save-every must be >= 1"),
         ({"model": "gpt-9"}, "Unknown model 'gpt-9'. Known: mlp-1g, mlp-medium"),
         ({"lr": -1.0}, "--lr must be a positive"),
+        ({"memory_budget": 0.0}, r"--memory-budget must be a share of the time in \(0, 1\]"),
+        ({"memory_budget": 1.5}, r"--memory-budget must be a share .* \(got 1.5\)"),
     ],
 )
 def test_bad_options_name_what_is_valid(
