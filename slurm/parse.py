@@ -242,6 +242,7 @@ def parse_jobs(text: str, what: str = "squeue --json") -> list[JobInfo]:
             flags=flags | frozenset(str(f) for f in raw.get("flags") or []),
             signal=signal,
             requeueable=requeue if isinstance(requeue, bool) else True,
+            batch_host=str(raw.get("batch_host") or ""),
         )
         if job.finished:
             # A live job's end_time is Slurm's projection (start + time limit, or far ahead).

@@ -50,6 +50,8 @@ from recovery.policy.requeue import (
     ended_on,
     held_by_slurm,
     judge,
+    judge_headless,
+    lost_batch_host,
 )
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import (
@@ -101,6 +103,23 @@ class JobTrail:
     def ran_on(self, job_id: str) -> dict[int, frozenset[str]]:
         """The nodes ``job_id`` was seen on, per restart count."""
         return {c: frozenset(r.nodes) for c, r in self._runs.get(job_id, {}).items()}
+
+    def headless_from(self, node: str, jobs: Mapping[str, JobInfo], since: float) -> dict[str, int]:
+        """Jobs seen on ``node`` at or after ``since`` that run on without it, their batch
+        host (:func:`recovery.policy.requeue.lost_batch_host`), each with its restart count."""
+        out: dict[str, int] = {}
+        for job_id in self._by_node.get(node, ()):
+            job = jobs.get(job_id)
+            run = self._runs.get(job_id, {}).get(job.restart_count) if job else None
+            if (
+                job is not None
+                and run is not None
+                and node in run.nodes
+                and run.last_seen >= since
+                and lost_batch_host(job, node, job.restart_count)
+            ):
+                out[job_id] = job.restart_count
+        return out
 
     def requeued_from(self, node: str, jobs: Mapping[str, JobInfo], since: float) -> dict[str, int]:
         """Jobs seen on ``node`` at or after ``since`` at a restart count lower than their count
@@ -237,7 +256,10 @@ class JobWatch:
             elif moves_jobs and ended_on(j, node, since, now):
                 ended[j.job_id] = j.restart_count
         moved = self.trail.requeued_from(node, jobs, since) if moves_jobs else {}
-        found = {**moved, **ended, **live}
+        # Slurm 25.11 drops a DOWN batch host from a --no-kill job, before the coordinator
+        # looks: the job no longer lists the node but still needs it.
+        headless = self.trail.headless_from(node, jobs, since) if moves_jobs else {}
+        found = {**moved, **headless, **ended, **live}
         return {k: found[k] for k in sorted(found, key=_job_order)}
 
     # --- the reconcile step -----------------------------------------------------------------
@@ -299,7 +321,7 @@ class JobWatch:
         for job_id, note in list(notes.items()):
             if note["outcome"] != RequeueOutcome.noted:
                 continue
-            after = self._request(job_id, note, asked)
+            after = self._request(job_id, note, asked, by_id.get(job_id), inc.node)
             if after["outcome"] != RequeueOutcome.noted:  # noted still: asked again next tick
                 notes[job_id] = after
                 self._journal.update_incident(inc.id, info={"requeues": notes})
@@ -314,6 +336,7 @@ class JobWatch:
             and (
                 (job.finished and job.restart_count == note["restart_count"])
                 or held_by_slurm(job, note["restart_count"])
+                or lost_batch_host(job, inc.node, note["restart_count"])
             )
         ]
 
@@ -341,11 +364,20 @@ class JobWatch:
             now.wall,
             config,
         )
-        verdict = judge(job, ran_at, used=used, config=config)
+        headless = lost_batch_host(job, inc.node, ran_at)
+        verdict = (
+            judge_headless(job, used=used, config=config)
+            if headless
+            else judge(job, ran_at, used=used, config=config)
+        )
         if verdict is None:
             return None
         # A run Slurm holds has no end time left (Slurm clears it at the requeue).
-        ended = describe_end(job) + (f" at {job.end_time:.0f}" if job.end_time else "")
+        ended = (
+            f"RUNNING without its batch host {inc.node}"
+            if headless
+            else describe_end(job) + (f" at {job.end_time:.0f}" if job.end_time else "")
+        )
         tick.ended.append(f"{job.job_id} {ended}")
 
         def note(outcome: RequeueOutcome, detail: str) -> RequeueNote:
@@ -366,10 +398,22 @@ class JobWatch:
         self._noted.setdefault(job.job_id, {})[ran_at] = now.wall
         return note(RequeueOutcome.noted, "requeue asked of Slurm")
 
-    def _request(self, job_id: str, note: RequeueNote, tick: _Tick) -> RequeueNote:
+    def _request(
+        self,
+        job_id: str,
+        note: RequeueNote,
+        tick: _Tick,
+        job: JobInfo | None = None,
+        node: str = "",
+    ) -> RequeueNote:
         ran_at = note["restart_count"]
         try:
-            changed = self._slurm.requeue_ended(job_id, ran_at)
+            if job is not None and lost_batch_host(job, node, ran_at):
+                # Still running (headless) at the run noted: requeued as it is. A later tick
+                # (or restart) sees the count risen and asks nothing more.
+                changed = self._slurm.requeue(job_id)
+            else:
+                changed = self._slurm.requeue_ended(job_id, ran_at)
         except TransientError as e:
             self._log(f"requeue of ended job {job_id}: {e}; will retry")
             return note

@@ -33,6 +33,7 @@ from recovery.coordinator.rules import Rules
 from recovery.errors import TransientError, UsageError
 from recovery.model import Drain, HealthEvent, PromoteSpare, SaveThenRequeue, Source, TakeDown
 from recovery.model.events import HEARTBEAT_LOST, UNREACHABLE
+from recovery.policy.requeue import lost_batch_host
 from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import (
@@ -120,7 +121,11 @@ def follow_jobs(
             requeued.append(job_id)
         if restarted and job.state == "RUNNING":
             running.append(f"{job_id}@{','.join(job.nodes)}")
-        elif job.state == "RUNNING" and not job.uses(incident.node):
+        elif (
+            job.state == "RUNNING"
+            and not job.uses(incident.node)
+            and not lost_batch_host(job, incident.node, job.restart_count)
+        ):
             in_allocation.append(f"{job_id}@{','.join(job.nodes)}")
         else:
             unresolved += 1

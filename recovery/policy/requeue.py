@@ -96,6 +96,34 @@ def describe_end(job: JobInfo) -> str:
     return job.state
 
 
+def lost_batch_host(job: JobInfo, node: str, ran_at: int) -> bool:
+    """``job``'s run ``ran_at`` goes on without its batch script: its batch host ``node`` is
+    gone and Slurm dropped it from the job instead of ending the job (a ``--no-kill`` job
+    on Slurm 25.11 whose batch host went DOWN). Nothing but its time limit would end it, and
+    nothing supervises its steps any more, so it is judged as a run the fault ended."""
+    return (
+        bool(job.batch_host)
+        and job.batch_host == node
+        and job.state == "RUNNING"
+        and job.restart_count == ran_at
+        and node not in job.nodes
+    )
+
+
+def judge_headless(job: JobInfo, *, used: int, config: RequeueConfig) -> Judgement:
+    """:func:`judge` for a run that lost its batch host (:func:`lost_batch_host`)."""
+    end = f"RUNNING without its batch host {job.batch_host} (its batch script died there)"
+    if not job.requeueable:
+        return Judgement(False, f"{end}: submitted with --no-requeue, so Slurm will not requeue it")
+    if used >= config.budget:
+        return Judgement(
+            False,
+            f"{end}: restart budget spent (requeued {used} time(s) in the last "
+            f"{config.budget_window_s:g} s; at most {config.budget})",
+        )
+    return Judgement(True, end)
+
+
 def ended_on(job: JobInfo, node: str, since: float, until: float) -> bool:
     """``job`` ran on ``node`` and ended abnormally between ``since`` and ``until`` (Unix
     seconds, both included). A job whose end time Slurm did not give (0) never matches."""

@@ -196,6 +196,8 @@ class JobInfo:
     requeueable: bool = True
     """The job may be requeued (``--requeue``, or the cluster's ``JobRequeue=1`` default);
     Slurm refuses to requeue one submitted with ``--no-requeue``."""
+    batch_host: str = ""
+    """The node that runs (or ran) the job's batch script; "" when unknown or not started."""
 
     @property
     def finished(self) -> bool:

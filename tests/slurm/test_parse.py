@@ -66,6 +66,8 @@ def test_squeue_22_05_real_capture() -> None:
     assert (jobs["3"].state, jobs["3"].nodes, jobs["3"].reason) == ("PENDING", (), "Resources")
     assert jobs["1"].name == "loop"
     assert "JOB_WAS_RUNNING" in jobs["1"].flags
+    # Where the batch script runs: the first node of job 2's allocation; none while pending.
+    assert [jobs[i].batch_host for i in ("1", "2", "3")] == ["node2", "node1", ""]
 
 
 def test_squeue_23_11_list_states_and_wrapped_numbers() -> None:

@@ -463,3 +463,46 @@ def test_a_held_job_of_a_healthy_node_is_left_alone(rig: Rig) -> None:
         rig.engine.step()
     assert releases(rig) == []
     assert rig.incident("n2").jobs == ()
+
+
+def test_a_job_left_running_without_its_batch_host_is_requeued_once(rig: Rig) -> None:
+    """Slurm 25.11 drops a DOWN batch host from a --no-kill job (one carrying its own spares)
+    before the coordinator looks, and leaves the job RUNNING with no batch script: nothing
+    supervises it and only its time limit would end it. The coordinator requeues it."""
+    job = rig.slurm.run_job(["n1", "n2"])
+    rig.slurm.set_job(job, batch_host="n1")
+    rig.engine.step()  # a tick sees the job on n1 and n2
+    rig.slurm.set_node("n1", state="DOWN", flags=frozenset({"NOT_RESPONDING"}),
+                       reason="Not responding", reason_changed_at=rig.clock.now().wall + 1)  # fmt: skip
+    rig.slurm.set_job(job, nodes=("n2",))
+    rig.clock.advance(1.5)
+    rig.engine.step()  # node-unreachable event
+    rig.engine.step()  # decided; the ended-jobs step
+    inc = rig.incident("n1")
+    assert (inc.jobs, inc.info["job_restarts"]) == ((job,), {job: 0})
+    assert requeues(rig) == [("requeue", job)]
+    note = inc.info["requeues"][job]
+    assert (note["outcome"], note["ended"]) == (RequeueOutcome.requeued,
+                                                "RUNNING without its batch host n1")  # fmt: skip
+    assert "in-allocation" not in rig.phases("n1")
+    for _ in range(3):
+        rig.engine.step()
+    assert requeues(rig) == [("requeue", job)]  # never twice
+    rig.slurm.start_job(job, ["n2", "n3"])
+    rig.engine.step()
+    assert rig.phases("n1")[-2:] == ["job-running", "closed"]
+
+
+def test_a_job_that_lost_another_node_than_its_batch_host_is_left_to_its_supervisor(
+    rig: Rig,
+) -> None:
+    job = rig.slurm.run_job(["n1", "n2"])
+    rig.slurm.set_job(job, batch_host="n1")
+    rig.engine.step()
+    rig.slurm.set_node("n2", state="DOWN", flags=frozenset({"NOT_RESPONDING"}),
+                       reason="Not responding", reason_changed_at=rig.clock.now().wall + 1)  # fmt: skip
+    rig.slurm.set_job(job, nodes=("n1",))
+    rig.clock.advance(1.5)
+    rig.engine.step()
+    rig.engine.step()
+    assert requeues(rig) == []

@@ -42,3 +42,14 @@ def test_a_requeued_job_is_followed_as_before() -> None:
     job = JobInfo("7", "recover-train", "RUNNING", nodes=("n1", "n2"), restart_count=1)
     progress = follow_jobs(_incident("7"), {"7": job})
     assert [name for name, _ in progress.phases] == [PhaseName.jobs_requeued, PhaseName.job_running]
+
+
+def test_a_job_that_lost_its_batch_host_is_not_recovered_in_its_allocation() -> None:
+    """Its batch script (the supervisor) died with the node: it is not recovering, it is
+    headless; unresolved until the coordinator requeues it (test_ended_jobs.py)."""
+    job = JobInfo("7", "recover-train", "RUNNING", nodes=("n1", "n2"), batch_host="n3")
+    progress = follow_jobs(_incident("7"), {"7": job})
+    assert progress.phases == ()
+    assert not progress.resolved
+    elsewhere = JobInfo("7", "recover-train", "RUNNING", nodes=("n1", "n2"), batch_host="n1")
+    assert follow_jobs(_incident("7"), {"7": elsewhere}).resolved
