@@ -28,7 +28,7 @@ from recovery.errors import (
     unknown_choice,
 )
 from recovery.ports.slurm import NodeInfo, describe_state
-from recovery.train.memplace import forget_node, memory_root
+from recovery.train.memplace import forget_node, memory_root, node_key
 from slurm import install, munge, procs, restd
 from slurm.cli_slurm import CliSlurm
 from slurm.clusterinfo import (
@@ -302,7 +302,7 @@ class LocalCluster:
         targets = procs.cluster_processes(str(self.state_dir), roots, node=name)
         procs.stop((), kill_now=targets, sleep=self._sleep, clock=self._clock)
         # A node that loses power loses its tmpfs: the memory tier's copies there are gone.
-        forget_node(memory_root(os.environ), name)
+        forget_node(memory_root(os.environ), node_key(name, str(self.conf_path)))
         return sorted(targets)
 
     def freeze_node(self, name: str, also: Iterable[int] = ()) -> list[int]:

@@ -31,8 +31,8 @@ from recovery.train import compile_cache
 from recovery.train.memory import (
     DEFAULT_ROOT,
     MemoryTier,
+    environ_node_key,
     local_dir,
-    node_name,
     private_root,
     read_run_id,
     run_id,
@@ -200,7 +200,7 @@ def _memory_tier(
     if not opts.memory_every:
         return None
     root = private_root(opts.memory_dir or DEFAULT_ROOT)
-    directory = local_dir(root, node_name(environ), opts.run_dir, read_run_id(opts.run_dir))
+    directory = local_dir(root, environ_node_key(environ), opts.run_dir, read_run_id(opts.run_dir))
 
     def failed(error: BaseException) -> None:
         log(f"recover: could not keep a copy in {directory} ({error}); the next step tries again")

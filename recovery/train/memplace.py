@@ -38,6 +38,22 @@ def node_name(environ: Mapping[str, str]) -> str:
     return environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+def node_key(node: str, slurm_conf: str | None) -> str:
+    """The directory under the root that holds ``node``'s copies: the node's name, and the
+    cluster's slurm.conf (a digest of its path) when the job names one (``SLURM_CONF``).
+    Local clusters on one host name their simulated nodes alike (node1, node2, ...), and one
+    cluster's crash of its node1 must not empty another's."""
+    if not slurm_conf:
+        return node
+    digest = hashlib.sha256(os.path.realpath(slurm_conf).encode()).hexdigest()[:8]
+    return f"{node}@{digest}"
+
+
+def environ_node_key(environ: Mapping[str, str]) -> str:
+    """:func:`node_key` of the process started with ``environ``."""
+    return node_key(node_name(environ), environ.get("SLURM_CONF"))
+
+
 def run_key(run_dir: Path) -> str:
     """A short name for ``run_dir`` (its absolute path's digest)."""
     return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]

@@ -72,15 +72,16 @@ def test_a_shipped_scenario_passes_on_slurm_2511(
 
 
 @pytest.mark.slow
-# xid79 in-allocation is the demo's second run; xid95-flood drains the node, and the
-# coordinator's USR1 for the drain races the relaunch (the job is requeued once).
-@pytest.mark.parametrize("name", ["gpu-lost", "xid95-flood"])
+# xid79 in-allocation is the demo's second run. slurmd-crash hits the job's batch host: the
+# supervisor dies with it and the job falls back to a requeue (the coordinator's, on 25.11).
+@pytest.mark.parametrize("name", ["gpu-lost", "xid95-flood", "slurmd-crash"])
 def test_a_hard_fault_scenario_passes_in_allocation(
     name: str, control_cache: Path, tmp_path: Path
 ) -> None:
     """The same scenario with the job holding a spare node (``--mode in-allocation``): its
     supervisor relaunches on the spare, the training restores from a survivor's memory, the
-    job is never requeued, and the file's expect_in_allocation holds."""
+    job is never requeued, and the file's expect_in_allocation holds. Unless the node lost is
+    the batch host: then the job is requeued, and still restores from memory."""
     require_local_slurm()
     out = tmp_path / "run"
     done = subprocess.run(
@@ -92,16 +93,25 @@ def test_a_hard_fault_scenario_passes_in_allocation(
     result = json.loads(done.stdout)
     assert (result["scenario"], result["passed"]) == (name, True)
     names = {c["name"] for c in result["checks"] if c["ok"]}
-    assert {"max_requeues", "max_steps_recomputed"} <= names
-    if name == "gpu-lost":  # xid95-flood's drain signal races the relaunch (see its file)
-        assert "incident_phases in-allocation" in names
     assert "4 node(s) + 1 spare(s) in the job (in-allocation), 4 process(es)" in done.stderr
+    if name == "slurmd-crash":
+        assert "incident_phases jobs-requeued" in names
+        if "cluster up on Slurm 25.11" in done.stderr:  # 22.05 ends such a job itself
+            assert "RUNNING without its batch host" in done.stderr
+    else:
+        assert {"max_requeues", "max_steps_recomputed", "incident_phases in-allocation"} <= names
     doc = json.loads((out / "run.json").read_text())
     restored = [json.loads(line) for line in
                 (Path(doc["job"]["run_dir"]) / "events.jsonl").read_text().splitlines()]
     sources = [e.get("source") for e in restored if e["event"] == "restored"]
-    if name == "gpu-lost":  # xid95-flood may restore the checkpoint its USR1 saved
-        assert sources == ["memory"], sources
+    # From a survivor's memory, unless the newest checkpoint is newer than every copy (the
+    # budget skipped the copy of the step just saved, on a loaded machine): never for want of
+    # a copy.
+    first_step = next(i for i, e in enumerate(restored) if e["event"] == "step")
+    fallbacks = [e["reason"] for e in restored[first_step:] if e["event"] == "memory-fallback"]
+    assert sources == ["memory"] or (
+        sources == ["checkpoint"] and all("is older than checkpoint step" in r for r in fallbacks)
+    ), (sources, fallbacks)
     _check_nothing_left(Path(result["cluster_root"]))
 
 

@@ -472,8 +472,9 @@ def test_a_job_left_running_without_its_batch_host_is_requeued_once(rig: Rig) ->
     job = rig.slurm.run_job(["n1", "n2"])
     rig.slurm.set_job(job, batch_host="n1")
     rig.engine.step()  # a tick sees the job on n1 and n2
+    down_at = rig.clock.now().wall + 1
     rig.slurm.set_node("n1", state="DOWN", flags=frozenset({"NOT_RESPONDING"}),
-                       reason="Not responding", reason_changed_at=rig.clock.now().wall + 1)  # fmt: skip
+                       reason="Not responding", reason_changed_at=down_at)  # fmt: skip
     rig.slurm.set_job(job, nodes=("n2",))
     rig.clock.advance(1.5)
     rig.engine.step()  # node-unreachable event
@@ -499,8 +500,9 @@ def test_a_job_that_lost_another_node_than_its_batch_host_is_left_to_its_supervi
     job = rig.slurm.run_job(["n1", "n2"])
     rig.slurm.set_job(job, batch_host="n1")
     rig.engine.step()
+    down_at = rig.clock.now().wall + 1
     rig.slurm.set_node("n2", state="DOWN", flags=frozenset({"NOT_RESPONDING"}),
-                       reason="Not responding", reason_changed_at=rig.clock.now().wall + 1)  # fmt: skip
+                       reason="Not responding", reason_changed_at=down_at)  # fmt: skip
     rig.slurm.set_job(job, nodes=("n1",))
     rig.clock.advance(1.5)
     rig.engine.step()
