@@ -405,8 +405,9 @@ class LocalCluster:
 
     def down(self, *, grace_s: float = 6.0) -> list[str]:
         """Stop every process this cluster started (daemons, job steps, job processes), all
-        at once; SIGKILL what is still there after ``grace_s`` seconds. Returns the names of
-        recorded daemons that were running. A no-op on a cluster that is not running.
+        at once; SIGKILL what is still there after ``grace_s`` seconds, and empty its nodes'
+        memory-tier copies. Returns the names of recorded daemons that were running. A no-op
+        on a cluster that is not running.
         """
         info = self.info()
         recorded = info.pids if info else {}
@@ -435,6 +436,11 @@ class LocalCluster:
         if info is not None:
             munge.remove(munge.MungePaths(info.munge_home), self.state_dir)
             (self.state_dir / STATE_FILE).unlink(missing_ok=True)
+            # The simulated nodes' tmpfs goes with them: the memory tier's copies of this
+            # cluster's jobs (only this cluster's: the key names its slurm.conf).
+            root = memory_root(os.environ)
+            for node in (*info.nodes, *info.spares):
+                forget_node(root, node_key(node, str(info.conf_path)))
         return was_running
 
     # --- status -------------------------------------------------------------------------

@@ -75,6 +75,7 @@ __all__ = [
     "DEFAULT_ROOT",
     "ENV_MEMORY_DIR",
     "KEEP",
+    "STALE_S",
     "MemoryTier",
     "environ_node_key",
     "forget_node",
@@ -99,6 +100,22 @@ KEEP = 2
 #: Share of the wall time the tier may spend on copies (see the module docstring): half the
 #: 5% it may cost, since a copy also costs the loop around it a little (caches, allocation).
 BUDGET = 0.025
+
+
+#: Seconds after which copies no run has written are removed from the node (a day: a run
+#: requeued and pending that long restores from its durable checkpoint).
+STALE_S = 86400.0
+
+
+def _newest_mtime(directory: Path) -> float:
+    """The newest modification time under ``directory`` (itself included)."""
+    newest = 0.0
+    for path in (directory, *directory.rglob("*")):
+        try:
+            newest = max(newest, path.stat().st_mtime)
+        except OSError:
+            continue
+    return newest
 
 
 #: First bytes of a slot file.
@@ -227,14 +244,25 @@ class MemoryTier:
         return [self.directory / f"slot-{i}.bin" for i in range(KEEP)]
 
     def _remove_other_runs(self) -> None:
-        """Copies of earlier runs in a directory of the same name are of no use: free them."""
+        """Copies of earlier runs in a directory of the same name are of no use: free them.
+        Nor are copies on this node that no run has written for :data:`STALE_S` (a run that
+        ended elsewhere, or was given up): a tmpfs holds them in memory until the node
+        reboots."""
         parent = self.directory.parent
         try:
             others = [p for p in parent.iterdir() if p.name != self.directory.name]
         except FileNotFoundError:
-            return
+            others = []
         for other in others:
             shutil.rmtree(other, ignore_errors=True)
+        try:
+            runs = [p for p in parent.parent.iterdir() if p.name != parent.name]
+        except FileNotFoundError:
+            return
+        now = time.time()
+        for run in runs:
+            if now - _newest_mtime(run) > STALE_S:
+                shutil.rmtree(run, ignore_errors=True)
 
     def discard(self) -> None:
         """Remove this run's copies (it completed: nothing will restore them)."""

@@ -30,3 +30,22 @@ def test_forgetting_one_clusters_node_leaves_the_others(tmp_path: Path) -> None:
     forget_node(root, node_key("node1", a))
     assert not mine.exists()
     assert (theirs / "slot-0.bin").exists()
+
+
+def test_copies_no_run_wrote_for_a_day_are_freed_when_a_run_starts(tmp_path: Path) -> None:
+    import os
+
+    from recovery.train.memory import STALE_S, MemoryTier
+
+    node = tmp_path / "shm" / "node1"
+    stale = node / "run-gone" / "id"
+    recent = node / "run-paused" / "id"
+    for d in (stale, recent):
+        d.mkdir(parents=True)
+        (d / "slot-0.bin").write_bytes(b"x")
+    old = os.path.getmtime(stale) - STALE_S - 60
+    for path in (stale.parent, stale, stale / "slot-0.bin"):
+        os.utime(path, (old, old))
+    MemoryTier(node / "run-mine" / "id", every=1, run_config={"m": 1}, processes=2)
+    assert not stale.parent.exists()
+    assert (recent / "slot-0.bin").exists()
