@@ -1,13 +1,13 @@
 """The job supervisor's view of Slurm from inside its own job (:class:`JobSlurm` of
-:mod:`recovery.inalloc.supervisor`): the job's nodes, their state, giving nodes back, and the
-training step launched with ``srun``.
+:mod:`recovery.inalloc.supervisor`): the job's nodes, their state, giving nodes back, its time
+left, and the training launched with ``srun``.
 
-Runs in the batch step, so it uses the job's own ``SLURM_JOB_ID`` and ``SLURM_CONF``. The step
-is ``srun --nodes=K --ntasks=K --ntasks-per-node=1 --nodelist=...`` with
-``RECOVER_RENDEZVOUS=<NodeAddr of the first node>:<port>``; the port is one free on the batch
-host, which on the local cluster (every node on one host) is free for process 0 too. On a
-real cluster a port taken on process 0's node makes the step fail to join (exit 11), which
-the supervisor treats as a failed step with no lost node: the job ends and is resubmitted.
+Runs in the batch step, so it uses the job's own ``SLURM_JOB_ID`` and ``SLURM_CONF``. A launch
+of K processes is told ``RECOVER_RENDEZVOUS=<NodeAddr of the first node>:<port>``; the port is
+one free on the batch host, which on the local cluster (every node on one host) is free for
+process 0 too. On a real cluster a port taken on process 0's node makes the launch fail to
+join (exit 11), which the supervisor treats as a failed step with no lost node: the job ends
+and is resubmitted.
 
 Each process of a launch is its own one-node step (``srun --nodes=1 --overlap``), started as a
 standby (``RECOVER_STANDBY=1``, :mod:`recovery.train.standby`): it imports what training needs
