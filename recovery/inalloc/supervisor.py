@@ -270,7 +270,11 @@ class Supervisor:
     def _leave_for(self, layout: Layout) -> tuple[str, ...] | None:
         """The lost nodes a USR1 now is about (see :meth:`forward`); None: it is not about a
         node (the time limit's warning, or an operator's)."""
-        left = self.slurm.time_left()
+        try:
+            left = self.slurm.time_left()
+        except RecoverError as e:  # unknown: the lost node decides
+            self.journal("time-left-unknown", error=str(e))
+            left = None
         if left is not None and left <= self.signal_lead_s + TIME_LIMIT_MARGIN_S:
             return None
         lost, _ = self._lost_now(layout)
