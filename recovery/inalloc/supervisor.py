@@ -278,6 +278,10 @@ class Supervisor:
         if left is not None and left <= self.signal_lead_s + TIME_LIMIT_MARGIN_S:
             return None
         lost, _ = self._lost_now(layout)
+        if self.batch_host in lost:
+            # The job cannot give back the node its batch script runs on: leaving it means
+            # leaving the allocation (save, and the batch script requeues the job).
+            return None
         if lost:
             return tuple(lost)
         if self._lost_at is not None and self.clock() - self._lost_at <= RECENT_LOSS_S:

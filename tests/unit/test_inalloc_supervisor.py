@@ -315,6 +315,17 @@ def test_a_usr1_for_a_draining_step_node_saves_and_relaunches_without_it(tmp_pat
     assert leave["nodes"] == ["n3"]
 
 
+def test_a_usr1_for_the_drained_batch_host_saves_and_ends_the_job(tmp_path: Path) -> None:
+    """The job cannot give back the node its batch script runs on: the coordinator's save and
+    leave for it is obeyed as before (save, and the batch script requeues the job)."""
+    job = FakeJob(["n1", "n2", "n3", "n4"], [75], faults={0: {"n1": "DRAIN"}})
+    sup = _sup(job, tmp_path)
+    sup.forward(signal.SIGUSR1)
+    decision = sup.run()
+    assert decision == Finish(75, "the step ended after SIGUSR1")
+    assert job.steps[0].signals == [signal.SIGUSR1]
+
+
 def test_a_usr1_near_the_time_limit_is_its_warning_even_while_a_node_drains(
     tmp_path: Path,
 ) -> None:
