@@ -47,7 +47,8 @@ def supervise_job(
         ),
     ] = DEFAULT_STANDBY_AFTER_S,
     no_standby: Annotated[
-        bool, typer.Option(help="Start no standby: every launch starts its processes.")
+        bool,
+        typer.Option("--no-standby", help="Start no standby: every launch starts its processes."),
     ] = False,
     signal_lead: Annotated[
         float,

@@ -3,6 +3,10 @@ path. The real-daemon behaviour is tests/slurm/test_inalloc.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from recovery.errors import UsageError
@@ -75,3 +79,17 @@ def test_more_nodes_than_in_service_names_how_many_spares_fit() -> None:
         check_spares_fit(_Nodes(nodes), 2, 3)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="not even the 4 processes fit"):
         check_spares_fit(_Nodes(nodes), 4, 1)  # type: ignore[arg-type]
+
+
+def test_the_supervisor_refuses_a_negative_standby_delay_and_takes_no_standby() -> None:
+    base = [sys.executable, "-m", "recovery", "supervise-job", "--processes", "1",
+            "--decision-file", "/nonexistent/d"]  # fmt: skip
+    bad = subprocess.run([*base, "--standby-after", "-1", "--", *CMD],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert bad.returncode == 2
+    assert "Invalid --standby-after -1: expected 0 or more" in bad.stderr
+    # --no-standby is accepted; outside a job the supervisor says where it must run.
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
+    off = subprocess.run([*base, "--no-standby", "--", *CMD], capture_output=True, text=True,
+                         timeout=60, check=False, env=env)  # fmt: skip
+    assert "SLURM_JOB_ID is not set" in off.stderr + off.stdout
