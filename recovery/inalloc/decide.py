@@ -12,7 +12,8 @@ Slurm which of the step's nodes are gone (dropped from the job, DOWN, or DRAIN) 
 * a node is lost but no spare or no relaunch is left: :class:`Requeue` (today's path:
   the job returns to the queue and ``--auto-resume`` continues it);
 * the step failed and no node is lost: :class:`Finish` with its status; a fault on no
-  node is the training code's, and relaunching it would only fail again.
+  node is the training code's, and relaunching it would only fail again. Except a process
+  SIGKILLed from outside (137): relaunched on the same nodes, within the budget.
 
 Nodes are named as Slurm names them. Nothing here talks to Slurm.
 """
@@ -26,6 +27,8 @@ from recovery.train.preempt import EXIT_PREEMPTED
 
 #: Relaunches one job may make before it falls back to a requeue.
 DEFAULT_MAX_RELAUNCHES = 3
+#: A step status of a process killed by SIGKILL (128 + 9).
+KILLED = 137
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,12 @@ def after_step(
     if status == EXIT_PREEMPTED:
         return Finish(status, "the training step saved and stopped on a signal")
     if not step_lost:
+        if status == KILLED and relaunches < max_relaunches:
+            # SIGKILLed from outside with every node in service: the kernel's OOM killer, or
+            # slurmctld ending a requeued job's old run on a node that just came back (its
+            # kill reaches the new run's step of the same job id). A relaunch on the same
+            # nodes may well succeed; a training bug exits by itself, not by SIGKILL.
+            return Relaunch(nodes=layout.step, lost=(), release=(), spares_left=spares)
         return Finish(status, f"the training step failed (status {status}) and no node is lost")
     if layout.batch_host in lost_set:
         return Requeue(step_lost, f"the batch host {layout.batch_host} is lost")

@@ -395,3 +395,18 @@ def test_a_step_that_srun_reports_0_while_its_node_failed_is_relaunched(tmp_path
 )
 def test_squeue_time_left(text: str, seconds: float | None) -> None:
     assert parse_time_left(text) == seconds
+
+
+def test_a_process_killed_from_outside_is_relaunched_on_the_same_nodes(tmp_path: Path) -> None:
+    """137 with every node in service (the OOM killer, or slurmctld's kill of a requeued
+    job's old run reaching the new one on a node that came back): relaunched in place,
+    within the budget; then the job ends with the status."""
+    job = FakeJob(["n1", "n2", "n3"], [137, 0])
+    decision, journal = _run(job, tmp_path, grace_s=1.0)
+    assert decision == Finish(0, "the training step completed")
+    assert job.launches == [["n2", "n3"], ["n2", "n3"]]
+    assert [e["lost"] for e in journal.events if e["event"] == "relaunch"] == [[]]
+    again = FakeJob(["n1", "n2", "n3"], [137])
+    (tmp_path / "b").mkdir()
+    decision, _ = _run(again, tmp_path / "b", grace_s=1.0, max_relaunches=0)
+    assert decision == Finish(137, "the training step failed (status 137) and no node is lost")
