@@ -113,6 +113,13 @@ def lost_batch_host(job: JobInfo, node: str, ran_at: int) -> bool:
 def judge_headless(job: JobInfo, *, used: int, config: RequeueConfig) -> Judgement:
     """:func:`judge` for a run that lost its batch host (:func:`lost_batch_host`)."""
     end = f"RUNNING without its batch host {job.batch_host} (its batch script died there)"
+    return _requeue_unless_refused(job, end, used=used, config=config)
+
+
+def _requeue_unless_refused(
+    job: JobInfo, end: str, *, used: int, config: RequeueConfig
+) -> Judgement:
+    """Requeue a run that ended as ``end`` says, unless ``--no-requeue`` or the budget refuse."""
     if not job.requeueable:
         return Judgement(False, f"{end}: submitted with --no-requeue, so Slurm will not requeue it")
     if used >= config.budget:
@@ -157,12 +164,4 @@ def judge(job: JobInfo, ran_at: int, *, used: int, config: RequeueConfig) -> Jud
     end = describe_end(job)
     if job.exit_code == EXIT_DO_NOT_RESTART and not job.signal:
         return Judgement(False, f"{end}: exit {EXIT_DO_NOT_RESTART} asks not to be restarted")
-    if not job.requeueable:
-        return Judgement(False, f"{end}: submitted with --no-requeue, so Slurm will not requeue it")
-    if used >= config.budget:
-        return Judgement(
-            False,
-            f"{end}: restart budget spent (requeued {used} time(s) in the last "
-            f"{config.budget_window_s:g} s; at most {config.budget})",
-        )
-    return Judgement(True, end)
+    return _requeue_unless_refused(job, end, used=used, config=config)
