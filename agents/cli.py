@@ -21,8 +21,8 @@ from agents.follow import DEV_KMSG
 from agents.logfile import parse_file
 from agents.runtime import DEFAULT_SOURCES, SOURCES, Agent, AgentConfig, run_agent
 from recovery import climain
+from recovery.contract.workload import DEFAULT_DIR
 from recovery.errors import UsageError, unknown_choice
-from recovery.train.workload import DEFAULT_DIR
 
 app = typer.Typer(
     name="agent",

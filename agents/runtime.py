@@ -51,10 +51,10 @@ from agents.link import CoordinatorLink, Refused
 from agents.publisher import REJECTED_DIR, Publisher, RejectedStore
 from agents.readmark import MARK_FILES, Mark, MarkFile
 from agents.spool import Spool
+from recovery.contract.workload import DEFAULT_DIR, any_registered
 from recovery.errors import TransientError, unknown_choice
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock, SystemClock
-from recovery.train.workload import DEFAULT_DIR, any_registered
 
 Log = Callable[[str], None]
 #: A queued event, the Event to set once it is settled, and the read mark of its line.
@@ -89,7 +89,7 @@ class AgentConfig:
     """How long one command poll is held by the coordinator."""
     version: str = AGENT_VERSION
     tpu_workload_dir: Path = DEFAULT_DIR
-    """Where TPU workloads keep their markers (:mod:`recovery.train.workload`)."""
+    """Where TPU workloads keep their markers (:mod:`recovery.contract.workload`)."""
     kmsg_from: str = "auto"
     """Where the kernel-log sources start: ``auto`` (this boot's log from its start, after
     the saved read mark), ``start`` (this boot's log from its start, whatever the mark says)

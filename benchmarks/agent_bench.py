@@ -66,12 +66,12 @@ from benchmarks.agent_rig import (
 )
 from recovery.coordinator.build import build_engine
 from recovery.coordinator.rules import Rules
-from recovery.httpapi.app import create_app
-from recovery.httpapi.auth import TokenTable
-from recovery.httpapi.server import ServerThread
-from recovery.journaldb.journal import SqliteJournal
 from recovery.policy import PolicyConfig, load_catalogue
 from recovery.ports.clock import SystemClock
+from service.httpapi.app import create_app
+from service.httpapi.auth import TokenTable
+from service.httpapi.server import ServerThread
+from service.journaldb.journal import SqliteJournal
 
 #: The issue's targets, fault -> coordinator decision recorded.
 TARGET_P50_S = 0.100

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from recovery.httpapi.auth import TokenTable, format_tokens
 from recovery.model import Decision, HealthEvent
+from service.httpapi.auth import TokenTable, format_tokens
 
 NODE = "node1"  # the local cluster's node name
 ADMIN = "bench-admin-token-000000000000"

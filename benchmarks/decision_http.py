@@ -37,10 +37,10 @@ from benchmarks.decision_rig import (
     wait_until,
 )
 from recovery.coordinator.views import LAYOUT_KEY
-from recovery.httpapi.server import free_port
-from recovery.journaldb.journal import SqliteJournal
 from recovery.model import HealthEvent
 from recovery.ports.clock import SystemClock
+from service.httpapi.server import free_port
+from service.journaldb.journal import SqliteJournal
 
 ADMIN = "bench-admin-token-000000000000"
 CONNECTIONS = 64
@@ -58,9 +58,9 @@ def options_from_json(text: str) -> Options:
 
 def serve(opts: Options, size: int, policy_name: str, db: Path, port: int) -> None:
     """The coordinator process: serve until SIGTERM, then print the Slurm call counts."""
-    from recovery.httpapi.app import create_app
-    from recovery.httpapi.auth import TokenTable
-    from recovery.httpapi.server import serve as serve_app
+    from service.httpapi.app import create_app
+    from service.httpapi.auth import TokenTable
+    from service.httpapi.server import serve as serve_app
 
     rig = build_rig(opts, size, policy_name, db)
     names = [n.name for n in rig.slurm.nodes()]

@@ -17,11 +17,11 @@ from recovery.coordinator.build import build_engine
 from recovery.coordinator.engine import Engine
 from recovery.coordinator.rules import Rules
 from recovery.coordinator.views import LAYOUT_KEY
-from recovery.journaldb.journal import SqliteJournal
 from recovery.model import HealthEvent, PromoteSpare, Source, TakeDown
 from recovery.policy import BreakerConfig, PolicyConfig, load_catalogue
 from recovery.ports.clock import Clock, SystemClock
 from recovery.ports.journal import ActionStatus, IncidentRecord, Journal, PhaseName
+from service.journaldb.journal import SqliteJournal
 from tests.fakes.slurm import FakeSlurm
 
 MESSAGE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."

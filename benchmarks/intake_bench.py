@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from recovery.httpapi.server import free_port
+from service.httpapi.server import free_port
 
 TARGET_SINGLE_RPS = 2_000
 TARGET_SINGLE_P99_S = 0.100
@@ -76,11 +76,11 @@ class CountingCoordinator:
 
 
 def run_server(db: Path, port: int, nodes: int) -> None:
-    from recovery.httpapi.app import create_app
-    from recovery.httpapi.auth import TokenTable
-    from recovery.httpapi.server import serve
-    from recovery.journaldb.journal import SqliteJournal
     from recovery.ports.clock import SystemClock
+    from service.httpapi.app import create_app
+    from service.httpapi.auth import TokenTable
+    from service.httpapi.server import serve
+    from service.journaldb.journal import SqliteJournal
 
     clock = SystemClock()
     journal = SqliteJournal(db, clock)

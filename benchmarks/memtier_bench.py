@@ -47,7 +47,7 @@ def one_run(work: Path, every: int, args: argparse.Namespace, i: int) -> tuple[f
             "RECOVER_MEMORY_DIR": str(work / "shm"),
             "SLURMD_NODENAME": f"bench{rank}",
         }
-        cmd = [sys.executable, "-m", "recovery", "train", "--run-dir", str(run_dir),
+        cmd = [sys.executable, "-m", "recover", "train", "--run-dir", str(run_dir),
                "--steps", str(args.steps), "--save-every", str(args.steps),
                "--model", args.model, "--compile-cache", str(work / "cache")]  # fmt: skip
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,

@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recovery.wiring import SlurmAccess
 from scenarios.control import control_digest
 from scenarios.loader import Loaded, find, with_mode
 from scenarios.runner import RunOptions, run
+from service.wiring import SlurmAccess
 from slurm.conf import ClusterLayout
 
 CHAIN = ("detection", "stall", "take_out", "requeue_wait", "job_restart", "restore", "warmup")

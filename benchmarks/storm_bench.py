@@ -42,8 +42,8 @@ from benchmarks.decision_rig import Result as FakeResult
 from benchmarks.decision_rig import run_one as run_fake
 from benchmarks.storm_read import STAGES, nodes_of_update
 from benchmarks.storm_rig import Rig, StormOptions, StormResult
-from recovery import wiring
 from recovery.errors import RecoverError
+from service import wiring
 
 
 def fake_storm(opts: StormOptions, workdir: Path) -> FakeResult:

@@ -8,7 +8,7 @@ runs the same rig at a small size, so what the benchmark measures is also what a
 Layout under one temporary root (short: slurmstepd's socket paths must fit in 107 bytes)::
 
     ROOT/slurm          the cluster (slurm.cluster.LocalCluster)
-    ROOT/coordinator    the coordinator and the agents (recovery.bringup.coordinator_dir)
+    ROOT/coordinator    the coordinator and the agents (service.bringup.coordinator_dir)
     ROOT/shim/scontrol  logs every scontrol call the coordinator makes, then runs the real one
     ROOT/policy.yaml    the breaker lifted above the storm, so that every node is taken out
 
@@ -42,14 +42,15 @@ from benchmarks.storm_read import (
     summary,
     update_calls,
 )
-from recovery import bringup, proc, wiring
+from recovery import proc
 from recovery.errors import UsageError, unknown_choice
-from recovery.httpapi.auth import load_tokens
-from recovery.httpapi.client import Client, admin_token
 from recovery.ports.slurm import JobInfo, NodeInfo, SlurmControl
 from recovery.statedir import TOKENS_FILE, Endpoint
-from recovery.supervise import agents as agents_proc
-from recovery.supervise import coordinator as coordinator_proc
+from service import bringup, wiring
+from service.daemons import agents as agents_proc
+from service.daemons import coordinator as coordinator_proc
+from service.httpapi.auth import load_tokens
+from service.httpapi.client import Client, admin_token
 from slurm import procs, rest_slurm
 from slurm.cluster import LocalCluster
 
@@ -185,7 +186,7 @@ class Rig:
         wait_for(running, self.opts.up_timeout_s, "a job running on every node")
 
     def _start_coordinator(self) -> Endpoint:
-        # As recovery.bringup.start_coordinator starts it, with the backend asked for and an
+        # As service.bringup.start_coordinator starts it, with the backend asked for and an
         # scontrol on PATH that logs each call (to count the coordinator's updates).
         shim_dir = self.root / "shim"
         shim_dir.mkdir(exist_ok=True)

@@ -1,6 +1,6 @@
 """Carrying out one scenario entry: a fault through its real path, or an operator action.
 
-Catalogue faults go through ``POST /v1/inject`` with :func:`recovery.httpapi.client.inject`, the
+Catalogue faults go through ``POST /v1/inject`` with :func:`service.httpapi.client.inject`, the
 function ``recover inject`` calls, so the node's agent reports them through its own pipeline
 or its kernel-log parser. The special kinds act on the machine itself: a slurmd killed, a
 checkpoint file damaged, the coordinator killed.
@@ -19,11 +19,11 @@ from typing import Any
 
 from recovery.checkpoint.scan import committed_steps, step_path
 from recovery.errors import RecoverError, UsageError
-from recovery.httpapi.client import inject
-from recovery.supervise import agents as agents_proc
 from scenarios.rig import Rig
 from scenarios.schema import FAULT_NODE, JOB_NODE, Entry
 from scenarios.watch import Watcher
+from service.daemons import agents as agents_proc
+from service.httpapi.client import inject
 
 Say = Callable[[str], None]
 

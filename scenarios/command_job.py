@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import string
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -36,34 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recovery.errors import RecoverError
+from scenarios.digests import cached_digest, code_fingerprint, compile_cache, final_digest
+from scenarios.placeholders import check
 
 if TYPE_CHECKING:
     from scenarios.schema import JobSpec, Scenario
-
-#: The placeholders a command may use.
-PLACEHOLDERS = ("python", "run_dir", "steps", "save_every", "seed", "step_sleep", "scenario_dir")
-
-
-def check(command: Sequence[str]) -> list[str]:
-    """``command`` if every placeholder in it is known and well formed.
-
-    Raises:
-        ValueError: an empty command, an unknown placeholder (the message lists the valid
-            ones) or unbalanced braces.
-    """
-    if not command:
-        raise ValueError("a command job needs at least one argument")
-    for arg in command:
-        try:
-            fields = [f for _, f, _, _ in string.Formatter().parse(arg) if f is not None]
-        except ValueError as e:
-            raise ValueError(f"{arg!r}: {e} (write {{{{ and }}}} for literal braces)") from None
-        for name in fields:
-            if name not in PLACEHOLDERS:
-                valid = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
-                raise ValueError(f"{arg!r}: unknown placeholder {{{name}}}; valid: {valid}")
-    return list(command)
-
 
 def beside(scenario: Scenario, folder: Path) -> Scenario:
     """``scenario`` with ``{scenario_dir}`` in its command job replaced by ``folder`` (the
@@ -123,8 +99,6 @@ def cache_key(command: Sequence[str], steps: int, seed: int) -> str:
     """16 hex digits naming the control run: the command as given, the configuration the
     trajectory depends on, the contents of every file an argument names (the training
     script), and the toolkit's code fingerprint."""
-    from scenarios.control import code_fingerprint
-
     filled = fill(command, run_dir=Path("RUN"), steps=steps, save_every=steps, seed=seed,
                   step_sleep=0)  # fmt: skip
     files = {}
@@ -152,8 +126,6 @@ def control_digest(
         RecoverError: the command failed (its error output is quoted) or logged no
             ``completed`` event with a digest.
     """
-    from scenarios.control import cached_digest
-
     def produce(run: Path) -> str:
         argv = fill(command, run_dir=run, steps=steps, save_every=save_every, seed=seed,
                     step_sleep=0)  # fmt: skip
@@ -174,25 +146,7 @@ def control_digest(
 def job_env(cache: Path) -> dict[str, str]:
     """Variables for the command's processes: JAX's persistent compilation cache shared by
     the control run and the job (the same programs), as ``recover train`` shares it."""
-    from scenarios.control import compile_cache
-
     return {
         "JAX_COMPILATION_CACHE_DIR": str(compile_cache(cache)),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     }
-
-
-def final_digest(events: Path) -> str:
-    """The ``state_digest`` of the last ``completed`` event in ``events``."""
-    try:
-        lines = events.read_text().splitlines()
-    except OSError as e:
-        raise RecoverError(f"the command wrote no event log at {events} ({e})") from None
-    for line in reversed(lines):
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if doc.get("event") == "completed" and doc.get("state_digest"):
-            return str(doc["state_digest"])
-    raise RecoverError(f"the command logged no completed event with a state_digest in {events}")

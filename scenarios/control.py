@@ -14,24 +14,19 @@ import functools
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 
-import recovery
-from recovery import fsutil
 from recovery.errors import RecoverError
 from recovery.proc import free_ports
+from scenarios.digests import cached_digest, code_fingerprint, compile_cache, final_digest
 from scenarios.schema import JobSpec
 
 #: Runs ``recover train`` with these options; returns (exit status, stderr).
 Train = Callable[[Sequence[str]], tuple[int, str]]
-_CODE = Path(recovery.__file__).resolve().parent
 
 
 def cache_key(job: JobSpec, processes: int = 1) -> str:
@@ -49,24 +44,10 @@ def cache_key(job: JobSpec, processes: int = 1) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def code_fingerprint() -> str:
-    """A digest of the training and checkpoint sources and the installed jax version."""
-    h = hashlib.sha256()
-    for sub in ("train", "checkpoint"):
-        for path in sorted((_CODE / sub).glob("*.py")):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
-    try:
-        h.update(metadata.version("jax").encode())
-    except metadata.PackageNotFoundError:
-        h.update(b"no-jax")
-    return h.hexdigest()[:16]
-
-
 def run_train(args: Sequence[str]) -> tuple[int, str]:
-    """``python -m recovery train ARGS`` in a child process (JAX stays out of this one)."""
+    """``python -m recover train ARGS`` in a child process (JAX stays out of this one)."""
     done = subprocess.run(
-        [sys.executable, "-m", "recovery", "train", *args],
+        [sys.executable, "-m", "recover", "train", *args],
         capture_output=True,
         text=True,
         timeout=900,
@@ -76,7 +57,7 @@ def run_train(args: Sequence[str]) -> tuple[int, str]:
 
 
 def run_train_ranks(args: Sequence[str], processes: int) -> tuple[int, str]:
-    """``python -m recovery train ARGS`` as ``processes`` processes on this machine, joined
+    """``python -m recover train ARGS`` as ``processes`` processes on this machine, joined
     through a rendezvous on the loopback (the launcher contract of docs/multiprocess.md).
     Returns the first non-zero exit status (0 when all succeeded) and every process's stderr.
     """
@@ -91,7 +72,7 @@ def run_train_ranks(args: Sequence[str], processes: int) -> tuple[int, str]:
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]  # not a step of the caller's job, if it runs in one
         children.append(subprocess.Popen(
-            [sys.executable, "-m", "recovery", "train", *args], env=env,
+            [sys.executable, "-m", "recover", "train", *args], env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         ))  # fmt: skip
     errors, statuses = [], []
@@ -132,56 +113,13 @@ def control_digest(
         status, err = train(args)
         if status != 0:
             raise RecoverError(f"the control run failed (exit {status}):\n{err[-2000:]}")
-        return _final_digest(run / "events.jsonl")
+        return final_digest(run / "events.jsonl")
 
     config = json.dumps(
         {**job.model_dump(include={"model", "steps", "seed"}), "processes": processes},
         sort_keys=True,
     )
     return cached_digest(cache, cache_key(job, processes), produce, ("config.json", config))
-
-
-def cached_digest(
-    cache: Path, key: str, produce: Callable[[Path], str], note: tuple[str, str]
-) -> str:
-    """The control digest cached in ``cache/key``; else ``produce(run_dir)`` runs once in a
-    fresh folder beside it, and the digest is kept with ``note`` (file name, text: what was
-    run). The run's own files are dropped. When two runs race, the first rename wins and
-    both return its digest. Raises what ``produce`` raises."""
-    d = cache / key
-    cached = d / "digest"
-    if cached.exists():
-        return cached.read_text().strip()
-    cache.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".tmp-control-", dir=cache))
-    try:
-        run = work / "run"
-        digest = produce(run)
-        shutil.rmtree(run, ignore_errors=True)  # its checkpoints are not needed, only the digest
-        fsutil.atomic_write(work / "digest", (digest + "\n").encode())
-        fsutil.atomic_write(work / note[0], (note[1] + "\n").encode())
-        try:
-            os.rename(work, d)
-        except OSError:
-            if not cached.exists():  # not another run's rename that won: a real failure
-                raise
-        return cached.read_text().strip()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def compile_cache(cache: Path) -> Path:
-    """The JAX compilation cache shared by control runs and scenario jobs (same programs)."""
-    return cache / "compile-cache"
-
-
-def _final_digest(events: Path) -> str:
-    for line in reversed(events.read_text().splitlines()):
-        if '"completed"' in line:
-            doc = json.loads(line)
-            if doc.get("event") == "completed":
-                return str(doc["state_digest"])
-    raise RecoverError(f"the control run wrote no completed event in {events}")
 
 
 class Background:

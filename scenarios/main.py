@@ -1,5 +1,5 @@
 """What the ``recover scenario ...`` and ``recover demo`` commands do, one function each, so
-the typer commands in :mod:`recovery.cli.scenario` only parse options.
+the typer commands in :mod:`recover.scenario` only parse options.
 
 Each returns the process exit status: 0 when every expectation held,
 :data:`scenarios.runner.EXPECTATION_FAILED` (10) when one failed; errors that stop a run from
@@ -18,11 +18,11 @@ from pathlib import Path
 
 from recovery.errors import RecoverError, UsageError, unknown_choice
 from recovery.fsutil import atomic_write
-from recovery.wiring import SlurmAccess
 from scenarios import loader, render
 from scenarios.loader import Loaded
 from scenarios.runner import EXPECTATION_FAILED, RunOptions, RunResult, run
 from scenarios.schema import MODES, ExistingCluster
+from service.wiring import SlurmAccess
 
 #: The shipped scenario ``recover demo`` runs.
 DEMO = "xid79"
@@ -145,7 +145,7 @@ def _compare(base: Path, runs: list[tuple[str, RunResult]], loaded: Loaded) -> s
     """The modes' table and timelines, written to ``base``; the text printed."""
     from recovery.report import build_report, load_run
     from recovery.report.table import render_modes
-    from recovery.reportgen.timeline import render_modes_png
+    from service.reportgen.timeline import render_modes_png
 
     try:
         reports = [(m, build_report(load_run(r.out))) for m, r in runs]

@@ -1,4 +1,4 @@
-"""The one place the runner calls the incident report (:func:`recovery.reportgen.write_report`),
+"""The one place the runner calls the incident report (:func:`service.reportgen.write_report`),
 and the little it keeps of it: each incident's phases and lost progress, the run's goodput,
 the table ``recover report`` prints, and where the files are.
 
@@ -51,8 +51,8 @@ def write_report(run_dir: Path) -> ReportSummary:
     when it cannot be written.
     """
     from recovery.report.table import render_table
-    from recovery.reportgen import REPORT_MD, TIMELINE_PNG
-    from recovery.reportgen import write_report as write
+    from service.reportgen import REPORT_MD, TIMELINE_PNG
+    from service.reportgen import write_report as write
 
     report = write(run_dir)
     png, md = run_dir / TIMELINE_PNG, run_dir / REPORT_MD

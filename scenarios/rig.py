@@ -2,9 +2,9 @@
 one slurmd per node, slurmrestd for the REST backend, the coordinator, one agent per node), or
 an existing one it only talks to.
 
-The local cluster comes up through :func:`recovery.bringup.up`, the bring-up of ``recover
+The local cluster comes up through :func:`service.bringup.up`, the bring-up of ``recover
 cluster up --agents``, so a scenario exercises the same start-up as an operator's test
-cluster; Slurm is reached through :func:`recovery.wiring.slurm_control` with the backend the
+cluster; Slurm is reached through :func:`service.wiring.slurm_control` with the backend the
 run asked for (``recover scenario run --slurm-backend``).
 """
 
@@ -21,12 +21,13 @@ from pathlib import Path
 
 import yaml
 
-from recovery import bringup, proc, statedir, wiring
+from recovery import proc, statedir
 from recovery.errors import CoordinatorUnavailableError, UsageError
-from recovery.httpapi.client import Client, admin_token
+from recovery.pool.spares import is_ready_spare
 from recovery.ports.slurm import SlurmControl
-from recovery.spares import is_ready_spare
 from scenarios.schema import ClusterSpec, ExistingCluster
+from service import bringup, wiring
+from service.httpapi.client import Client, admin_token
 from slurm.cluster import LocalCluster
 from slurm.clusterinfo import SOCKET_PATH_MAX, longest_socket, node_names
 
@@ -123,7 +124,7 @@ def cluster_root(out: Path, spec: ClusterSpec) -> Path:
 def local_spec(
     spec: ClusterSpec, backend: str, policy: Path | None, slurm: str | None = None
 ) -> bringup.LocalSpec:
-    """What :func:`bring_up` asks :func:`recovery.bringup.up` for: ``spec``'s cluster on the
+    """What :func:`bring_up` asks :func:`service.bringup.up` for: ``spec``'s cluster on the
     Slurm ``slurm`` names (``--slurm``), its coordinator with ``policy`` and one agent per
     node, and slurmrestd when the run reaches Slurm through it (``backend`` ``rest``)."""
     return bringup.LocalSpec(
@@ -141,11 +142,11 @@ def bring_up(
     env: Mapping[str, str] | None = None,
 ) -> Rig:
     """Start a local cluster under ``root`` (Slurm state in ``root/slurm``, the coordinator's
-    beside it) through :func:`recovery.bringup.up`, as ``recover cluster up --agents`` does:
+    beside it) through :func:`service.bringup.up`, as ``recover cluster up --agents`` does:
     its coordinator with the scenario's policy, one agent per node, and slurmrestd when
     ``access`` (resolved against ``env``, default the process's) asks for the REST backend;
     return once every node is idle and every agent connected. The rig reaches Slurm through
-    ``access``'s backend (:meth:`recovery.bringup.LocalUp.slurm_control`).
+    ``access``'s backend (:meth:`service.bringup.LocalUp.slurm_control`).
 
     Raises UsageError (an unknown backend, before anything starts), SlurmNotInstalledError,
     ClusterError (not root, a daemon failed) or CoordinatorUnavailableError; whatever started
@@ -189,7 +190,7 @@ def attach(
     log: Log,
     access: wiring.SlurmAccess | None = None,
 ) -> Rig:
-    """Talk to a cluster that runs already: its Slurm through :func:`recovery.wiring.
+    """Talk to a cluster that runs already: its Slurm through :func:`service.wiring.
     slurm_control` with ``access`` (its slurm.conf from ``spec`` or ``$SLURM_CONF``), its
     coordinator and admin token from ``spec`` or the environment. The job's candidates are
     the in-service nodes of ``spec.partition`` (every partition when None).

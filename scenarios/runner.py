@@ -21,18 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from recovery.errors import RecoverError, UsageError
+from recovery.pool.spares import is_spare
 from recovery.ports.journal import PhaseName
-from recovery.spares import is_spare
-from recovery.wiring import SlurmAccess
 from scenarios import command_job, rundir
 from scenarios.actions import carry_out, crash_first
-from scenarios.control import Background, compile_cache
+from scenarios.control import Background
+from scenarios.digests import compile_cache
 from scenarios.expect import Check, OperatorAnswer, Outcome, check, progress
 from scenarios.loader import Loaded, dotted, semantic_problems
 from scenarios.reporting import ReportSummary, write_report
 from scenarios.rig import Rig, attach, bring_up, cluster_root
 from scenarios.schema import PER_NODE, ClusterSpec, ExistingCluster, Scenario, When
 from scenarios.watch import ACTED, Watcher
+from service.wiring import SlurmAccess
 from slurm.sbatch import submit_training
 
 Say = Callable[[str], None]
@@ -276,7 +277,7 @@ def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say)
     count = _job_nodes(s, len(rig.nodes))
     processes = _processes(s, len(rig.nodes))
     command = [
-        sys.executable, "-m", "recovery", "train", "--run-dir", str(rec.run_dir),
+        sys.executable, "-m", "recover", "train", "--run-dir", str(rec.run_dir),
         *s.training_args(), "--step-sleep", str(s.job.step_sleep),
         "--compile-cache", str(compile_cache(cache)),
     ]  # fmt: skip

@@ -312,9 +312,9 @@ class JobSpec(_Strict):
     @field_validator("command")
     @classmethod
     def _placeholders(cls, value: list[str] | None) -> list[str] | None:
-        from scenarios import command_job
+        from scenarios.placeholders import check
 
-        return None if value is None else command_job.check(value)
+        return None if value is None else check(value)
 
 
 TRIGGERS = ("step", "checkpoint", "after_s", "job", "incidents")

@@ -18,9 +18,9 @@ from typing import Any
 
 from recovery import proc
 from recovery.errors import RecoverError, TransientError
-from recovery.httpapi.client import Client
 from recovery.ports.journal import PhaseName
 from recovery.ports.slurm import JobInfo, SlurmControl
+from service.httpapi.client import Client
 
 Say = Callable[[str], None]
 #: Journal phases that mean the coordinator has acted on Slurm for an incident.

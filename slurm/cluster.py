@@ -2,7 +2,7 @@
 
 Everything lives under one state dir (conf, spool, logs, pids, munge's files unless user munge
 cannot reach it - see ``slurm.munge``). ``LocalCluster`` is the one way to run it: the local
-bring-up (``recovery.bringup``: ``recover cluster up/down`` and the scenario runner), ``recover
+bring-up (``service.bringup``: ``recover cluster up/down`` and the scenario runner), ``recover
 cluster status``, the pytest fixtures and the benchmarks use it.
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery import fsutil, proc
+from recovery.contract.memplace import forget_node, memory_root, node_key
 from recovery.errors import (
     ClusterError,
     RecoverError,
@@ -28,7 +29,6 @@ from recovery.errors import (
     unknown_choice,
 )
 from recovery.ports.slurm import NodeInfo, describe_state
-from recovery.train.memplace import forget_node, memory_root, node_key
 from slurm import install, munge, procs, restd
 from slurm.cli_slurm import CliSlurm
 from slurm.clusterinfo import (

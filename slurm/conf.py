@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recovery.errors import UsageError
-from recovery.spares import SPARE_REASON
+from recovery.pool.spares import SPARE_REASON
 from slurm.install import SYSTEM, SlurmInstall
 
 __all__ = ["SPARE_REASON", "ClusterLayout", "render_epilog", "render_slurm_conf"]

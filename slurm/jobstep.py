@@ -28,6 +28,8 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from recovery.contract.exits import EXIT_PREEMPTED
+from recovery.contract.standby import ENV_STANDBY
 from recovery.multiproc import (
     ENV_GROUP,
     ENV_PROCESS_ID,
@@ -35,8 +37,6 @@ from recovery.multiproc import (
     ENV_RENDEZVOUS,
     free_port,
 )
-from recovery.train.preempt import EXIT_PREEMPTED
-from recovery.train.standby import ENV_STANDBY
 from slurm.cli_slurm import CliSlurm
 
 #: `recover train --memory-every` as the environment gives it (recovery.train.memory).

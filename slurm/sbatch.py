@@ -33,9 +33,9 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from recovery.contract.exits import EXIT_PREEMPTED as PREEMPTED_STATUS  # defined by the trainer
 from recovery.errors import UsageError
 from recovery.ports.slurm import BatchJob, SlurmControl
-from recovery.train.preempt import EXIT_PREEMPTED as PREEMPTED_STATUS  # defined by the trainer
 
 DEFAULT_SIGNAL_LEAD_S = 60
 
@@ -130,13 +130,13 @@ PORT_PYTHON = "python3"
 
 
 def is_recover_train(command: Sequence[str]) -> bool:
-    """True when ``command`` runs ``recover train`` (as ``recover`` or ``python -m recovery``)."""
+    """True when ``command`` runs ``recover train`` (as ``recover`` or ``python -m recover``)."""
     if len(command) >= 2 and Path(command[0]).name == "recover" and command[1] == "train":
         return True
     return (
         len(command) >= 4
         and Path(command[0]).name.startswith("python")
-        and command[1:4] == ["-m", "recovery", "train"]
+        and command[1:4] == ["-m", "recover", "train"]
     )
 
 
@@ -151,7 +151,7 @@ def with_auto_resume(command: Sequence[str]) -> list[str]:
 
 def supervisor_command(command: Sequence[str]) -> list[str]:
     """How the batch script starts ``recover supervise-job``: the same ``recover`` (or
-    ``python -m recovery``) the training command names.
+    ``python -m recover``) the training command names.
 
     Raises UsageError when ``command`` is not ``recover train``: spares need our trainer's
     ``--auto-resume`` to continue on the relaunched step."""

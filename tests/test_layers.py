@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("recovery", "slurm", "k8s", "agents", "scenarios")
+PACKAGES = ("recover", "scenarios", "service", "slurm", "k8s", "agents", "recovery")
+LAYERS = "Layers: the command line, scenarios, the service"
+SERVICE = "The service's parts in order"
+CORE = "The core's folders in order"
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
@@ -59,27 +62,35 @@ def test_import_contracts_are_kept() -> None:
 @pytest.mark.parametrize(
     ("module", "line", "contract"),
     [
-        ("recovery/model/leak.py", "import slurm.cli_slurm", "The core imports no adapter"),
-        ("recovery/ports/leak.py", "from recovery import wiring", "The core imports no adapter"),
-        ("recovery/coordinator/leak.py", "import sqlite3", "The core imports no adapter"),
-        ("recovery/report/leak.py", "import matplotlib", "The core imports no adapter"),
-        ("slurm/leak.py", "import recovery.reportgen", "Adapters never import the composition"),
-        # NodeControl is the core's port; the adapter and its client stay out of the core.
-        ("recovery/coordinator/leak.py", "import k8s.nodes", "The core imports no adapter"),
-        ("recovery/ports/leak.py", "import kubernetes", "The core imports no adapter"),
-        ("slurm/leak.py", "import recovery.cli", "Adapters never import the composition root"),
-        ("agents/leak.py", "import scenarios", "Adapters never import the composition root"),
-        ("recovery/train/leak.py", "import scenarios.runner", "The core imports no adapter"),
+        # the top-level order: the core imports no adapter and no composition root ...
+        ("recovery/model/leak.py", "import slurm.cli_slurm", LAYERS),
+        ("recovery/ports/leak.py", "from service import wiring", LAYERS),
+        ("recovery/coordinator/leak.py", "import k8s.nodes", LAYERS),
+        ("recovery/train/leak.py", "import scenarios.runner", LAYERS),
+        # ... an adapter imports no composition root ...
+        ("slurm/leak.py", "import service.reportgen", LAYERS),
+        ("slurm/leak.py", "import recover", LAYERS),
+        ("agents/leak.py", "import scenarios", LAYERS),
+        # ... and within the root, the command line is on top
+        ("scenarios/leak.py", "import recover.inject", LAYERS),
+        ("service/startup/leak.py", "def f() -> None:\n    import scenarios", LAYERS),
+        # the core's external clients
+        ("recovery/coordinator/leak.py", "import sqlite3", "The core imports no external client"),
+        ("recovery/report/leak.py", "import matplotlib", "The core imports no external client"),
+        ("recovery/ports/leak.py", "import kubernetes", "The core imports no external client"),
         ("slurm/leak.py", "import k8s", "independent of each other"),
-        ("recovery/cli/leak.py", "import kubernetes", "Only k8s imports kubernetes"),
+        ("recover/leak.py", "import kubernetes", "Only k8s imports kubernetes"),
         ("slurm/leak.py", "import pynvml", "Only agents import pynvml and grpc"),
-        # The composition root's own order: the loop service.main -> wiring -> service once
-        # hid inside functions; the layers contract sees imports in function bodies too.
-        ("recovery/supervise/leak.py", "from recovery import wiring", "Layers: the root in order"),
-        ("recovery/httpapi/leak.py", "import recovery.startup.serve", "Layers: the root in order"),
-        ("recovery/journaldb/leak.py", "import recovery.httpapi.app", "Layers: the root in order"),
-        ("scenarios/leak.py", "import recovery.cli.inject", "Layers: the root in order"),
-        ("recovery/startup/leak.py", "def f() -> None:\n    import scenarios", "Layers: the root"),
+        # the service's own order (imports in function bodies count too)
+        ("service/daemons/leak.py", "from service import wiring", SERVICE),
+        ("service/httpapi/leak.py", "import service.startup.serve", SERVICE),
+        ("service/journaldb/leak.py", "import service.httpapi.app", SERVICE),
+        # the core's folders: the library never imports the trainer, the contract nothing
+        # above it, and the leaves in recovery/ no folder
+        ("recovery/api/leak.py", "import recovery.train.loop", CORE),
+        ("recovery/contract/leak.py", "from recovery.api import preemption", CORE),
+        ("recovery/checkpoint/leak.py", "import recovery.multiproc", CORE),
+        ("recovery/statedir.py", "import recovery.ports.slurm", CORE),
     ],
 )
 def test_a_broken_layer_is_caught(tmp_path: Path, module: str, line: str, contract: str) -> None:
@@ -91,37 +102,64 @@ def test_a_broken_layer_is_caught(tmp_path: Path, module: str, line: str, contra
     (tmp_path / module).write_text(f'"""A forbidden import."""\n\n{line}\n')
     proc = _lint(tmp_path)
     assert proc.returncode != 0, proc.stdout
-    broken = [ln for ln in proc.stdout.splitlines() if ln.endswith(" BROKEN")]
+    broken = [ln for ln in proc.stdout.replace("\n", " ").split(" KEPT") if " BROKEN" in ln]
     assert any(contract in ln for ln in broken), proc.stdout
 
 
-def _recovery_modules() -> list[str]:
-    names = []
-    for path in sorted((ROOT / "recovery").rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return names
+def _names(layers: list[str]) -> set[str]:
+    return {n.strip() for layer in layers for n in layer.replace("|", ":").split(":")}
 
 
-def test_every_recovery_module_is_core_or_composition_root() -> None:
-    core = _contract("core")["source_modules"]
-    root = _contract("adapters")["forbidden_modules"]
-    assert set(root) <= set(_contract("core")["forbidden_modules"])
+def _parts(folder: Path) -> set[str]:
+    """The modules and packages directly in ``folder`` (its ``__init__`` left out)."""
+    out = set()
+    for child in folder.iterdir():
+        if child.is_dir() and (child / "__init__.py").exists():
+            out.add(child.name)
+        elif child.suffix == ".py" and child.stem not in ("__init__", "__main__"):
+            out.add(child.stem)
+    return out
 
-    def within(module: str, prefixes: list[str]) -> bool:
-        return any(module == p or module.startswith(p + ".") for p in prefixes)
 
-    # recovery/__init__.py only holds the version; a package's own __init__ cannot be a
-    # contract source without all of recovery, so it must stay import-free.
+@pytest.mark.parametrize(
+    ("package", "contract_id"), [("recovery", "core-order"), ("service", "service-order")]
+)
+def test_every_part_of_the_core_and_the_service_is_in_a_layer(
+    package: str, contract_id: str
+) -> None:
+    named = _names(_contract(contract_id)["layers"])
+    missing = sorted(_parts(ROOT / package) - named)
+    assert not missing, (
+        f"parts of {package}/ in no layer of the {contract_id!r} contract in pyproject.toml "
+        f"(add each where it belongs): {', '.join(missing)}"
+    )
+
+
+def test_every_top_level_package_is_a_layer() -> None:
+    named = _names(_contract("layers")["layers"])
+    assert named == set(PACKAGES)
+    assert set(_config()["root_packages"]) == set(PACKAGES)
+
+
+def test_the_core_package_itself_imports_nothing() -> None:
+    # recovery/__init__.py only holds the version: importing any part of the core must not
+    # load the rest (the coordinator's install has no JAX, the trainer's no FastAPI).
     init = ast.parse((ROOT / "recovery" / "__init__.py").read_text())
     assert not [n for n in ast.walk(init) if isinstance(n, ast.Import | ast.ImportFrom)]
-    modules = [m for m in _recovery_modules() if m != "recovery"]
-    assert modules
-    unclassified = [m for m in modules if within(m, core) == within(m, root)]
-    assert not unclassified, (
-        "modules in neither (or both) of the core and the composition root; add each to "
-        "[tool.importlinter] in pyproject.toml: " + ", ".join(unclassified)
-    )
+
+
+#: The shared checker of folder and file cycles (every import counts, wherever it is written,
+#: which import-linter's contracts do not cover inside an adapter's own folders).
+CYCLES_TOOL = ROOT.parent / "shared" / "tools" / "import_cycles.py"
+
+
+@pytest.mark.skipif(not CYCLES_TOOL.exists(), reason=f"no {CYCLES_TOOL} beside this clone")
+def test_no_folder_or_file_import_cycles() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(CYCLES_TOOL), str(ROOT)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.stdout.startswith("0 folder cycle(s), 0 file cycle(s)"), proc.stdout
 
 
 #: Programs outside slurm/ that run a Slurm command, and why.
@@ -135,7 +173,7 @@ SLURM_COMMAND_EXCEPTIONS = {
 def test_only_slurm_runs_slurm_commands() -> None:
     commands = {"scontrol", "sbatch", "squeue", "sinfo", "scancel", "slurmctld", "slurmd"}
     offenders = []
-    for package in ("recovery", "agents", "k8s", "scenarios"):
+    for package in ("recover", "service", "recovery", "agents", "k8s", "scenarios"):
         for path in sorted((ROOT / package).rglob("*.py")):
             if str(path.relative_to(ROOT)) in SLURM_COMMAND_EXCEPTIONS:
                 continue

@@ -3,7 +3,7 @@
 The contract ``recover sbatch`` relies on (``docs/slurm.md``): Slurm sends SIGUSR1 ahead of a
 time limit (``--signal``) and SIGTERM on cancel, preemption or node loss; the process finishes
 its step, saves, and exits with :data:`EXIT_PREEMPTED` (75, EX_TEMPFAIL), which the job
-script answers by requeueing the job. Built on :mod:`recovery.train.preempt`, which
+script answers by requeueing the job. Built on :mod:`recovery.contract.exits`, which
 ``recover train`` uses.
 """
 
@@ -12,19 +12,21 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from signal import SIGTERM, Signals
+from signal import signal as _install
+from types import FrameType
 from typing import Any, NoReturn
 
 from recovery.api.manager import CheckpointManager
 from recovery.api.processes import Processes, leave
-from recovery.train import preempt
+from recovery.contract import exits
 
 #: Exit status after a preemption signal that was handled by saving: "try again".
-EXIT_PREEMPTED = preempt.EXIT_PREEMPTED
+EXIT_PREEMPTED = exits.EXIT_PREEMPTED
 #: Exit status that asks never to be restarted (another run would fail the same way): the
 #: coordinator does not requeue a job that exits with it, even on a node taken out for a fault.
-EXIT_DO_NOT_RESTART = preempt.EXIT_DO_NOT_RESTART
+EXIT_DO_NOT_RESTART = exits.EXIT_DO_NOT_RESTART
 #: The signals that ask for a save and a stop: SIGTERM and SIGUSR1.
-PREEMPT_SIGNALS = preempt.PREEMPT_SIGNALS
+PREEMPT_SIGNALS = exits.PREEMPT_SIGNALS
 
 
 class Preemption:
@@ -40,24 +42,32 @@ class Preemption:
     """
 
     def __init__(self) -> None:
-        self._flag = preempt.Preemption()
+        self._signal: int | None = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._signal is None:
+            self._signal = signum
 
     @contextmanager
     def installed(self) -> Iterator[Preemption]:
         """Handle :data:`PREEMPT_SIGNALS` inside the block; the previous handlers come back
         afterwards. Only the main thread may install signal handlers (``ValueError``)."""
-        with self._flag.installed():
+        previous = {s: _install(s, self._handle) for s in PREEMPT_SIGNALS}
+        try:
             yield self
+        finally:
+            for s, h in previous.items():
+                _install(s, h)
 
     @property
     def requested(self) -> bool:
         """Whether a preemption signal arrived."""
-        return self._flag.signal is not None
+        return self._signal is not None
 
     @property
     def signal(self) -> int | None:
         """The first preemption signal received, or None."""
-        return self._flag.signal
+        return self._signal
 
     def requested_by_any(self, processes: Processes | None) -> bool:
         """Whether any process of the job got a preemption signal (a collective: call it on
@@ -69,7 +79,7 @@ class Preemption:
 
     def request(self, signum: int = SIGTERM) -> None:
         """Act as if ``signum`` had arrived (a scheduler hook, a test, a health check)."""
-        self._flag.handle(signum, None)
+        self._handle(signum, None)
 
     def save_and_exit(
         self,
@@ -96,7 +106,7 @@ class Preemption:
         if last is None or last.step != step:
             manager.save(step, state, metadata=metadata)
             manager.wait()
-        name = Signals(self._flag.signal or SIGTERM).name
+        name = Signals(self._signal or SIGTERM).name
         if manager.events is not None:
             manager.events.emit("preempted", step=step, checkpoint_step=step, signal=name)
         leave(manager.processes, EXIT_PREEMPTED)

@@ -2,7 +2,7 @@
 and JAX's distributed runtime, agreeing, failing and ending together.
 
 The same machinery as multi-process ``recover train`` (:mod:`recovery.multiproc` for the
-group, :mod:`recovery.train.ranks` for the events and exit statuses), behind a few names.
+group, :mod:`recovery.api.ranks` for the events and exit statuses), behind a few names.
 ``docs/multiprocess.md`` describes the launch (``recover sbatch -N K``, or the three
 ``RECOVER_*`` variables for another launcher) and what happens when a process dies.
 """
@@ -17,11 +17,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from recovery.api import ranks as _ranks
+from recovery.contract.exits import EXIT_PREEMPTED, PREEMPT_SIGNALS
 from recovery.events import EventLog
 from recovery.multiproc import EXIT_PEER_LOST, Group, Topology
 from recovery.multiproc import topology_from_env as _topology_from_env
-from recovery.train import ranks as _ranks
-from recovery.train.preempt import EXIT_PREEMPTED, PREEMPT_SIGNALS
 
 __all__ = [
     "EXIT_PEER_LOST",

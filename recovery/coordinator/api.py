@@ -1,4 +1,4 @@
-"""What the HTTP service asks of the coordinator. The HTTP API (``recovery.httpapi``) owns
+"""What the HTTP service asks of the coordinator. The HTTP API (``service.httpapi``) owns
 transport, authentication and the durable intake; the coordinator owns decisions and actions.
 
 Every method is safe to call from the server's threads; none blocks on Slurm except where the

@@ -39,6 +39,7 @@ from recovery.model import (
     SaveThenRequeue,
     TakeDown,
 )
+from recovery.pool.spares import SparePool, is_ready_spare
 from recovery.ports.clock import Clock
 from recovery.ports.journal import (
     ActionRecord,
@@ -50,7 +51,6 @@ from recovery.ports.journal import (
 )
 from recovery.ports.slurm import NodeInfo, SlurmControl
 from recovery.retry import Backoff, retry
-from recovery.spares import SparePool, is_ready_spare
 
 
 @dataclass(frozen=True)

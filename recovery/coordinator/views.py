@@ -7,12 +7,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from recovery.pool.spares import SPARE_REASON, is_ready_spare, is_spare
 from recovery.ports.clock import Stamp
 from recovery.ports.journal import ActionRecord, IncidentRecord
 from recovery.ports.nodes import KubeNode
 from recovery.ports.owners import reason_owner
 from recovery.ports.slurm import NodeInfo, is_ours, is_slurms_own
-from recovery.spares import SPARE_REASON, is_ready_spare, is_spare
 
 #: Journal meta key: the cluster's layout (nodes, partitions, features, spares) as last seen.
 LAYOUT_KEY = "cluster_layout"

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from recovery.train.preempt import EXIT_PREEMPTED
+from recovery.contract.exits import EXIT_PREEMPTED
 
 #: Relaunches one job may make before it falls back to a requeue.
 DEFAULT_MAX_RELAUNCHES = 3

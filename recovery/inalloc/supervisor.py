@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from recovery.contract.exits import EXIT_PREEMPTED
 from recovery.errors import RecoverError
 from recovery.inalloc.decide import (
     DEFAULT_MAX_RELAUNCHES,
@@ -39,7 +40,6 @@ from recovery.inalloc.decide import (
     first_layout,
     next_layout,
 )
-from recovery.train.preempt import EXIT_PREEMPTED
 
 #: Seconds the supervisor waits, after a failed step, for Slurm to name a lost node.
 DEFAULT_GRACE_S = 30.0

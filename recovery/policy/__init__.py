@@ -27,9 +27,9 @@ from recovery.policy.config import (
     load_policy_config,
 )
 from recovery.policy.decide import DRIVER_VERDICTS, decide
+from recovery.policy.placement import choose_spare, topology_group
 from recovery.policy.repair import RepairVerdict, advance_repaired, on_repaired
 from recovery.policy.replay import ReplayDifference, differences, replay
-from recovery.policy.spares import choose_spare, topology_group
 from recovery.policy.state import (
     ClusterView,
     Failure,

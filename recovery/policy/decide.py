@@ -47,7 +47,7 @@ from recovery.model import (
 from recovery.policy.breaker import hold_reason
 from recovery.policy.catalogue import Catalogue, FaultSpec
 from recovery.policy.config import PolicyConfig
-from recovery.policy.spares import choose_spare
+from recovery.policy.placement import choose_spare
 from recovery.policy.state import (
     ClusterView,
     Incident,

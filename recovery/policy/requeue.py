@@ -36,8 +36,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from recovery.contract.exits import EXIT_DO_NOT_RESTART
 from recovery.ports.slurm import JobInfo
-from recovery.train.preempt import EXIT_DO_NOT_RESTART
 
 #: Job states that a hard fault on a node can leave: the batch script failed (the training
 #: process died), the node failed under a job Slurm would not requeue, or the node did not

@@ -16,8 +16,8 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from recovery.model import Decision, HealthEvent, PromoteSpare, Source, Verdict
+from recovery.pool.spares import is_ready_spare, is_spare
 from recovery.ports.slurm import NodeInfo
-from recovery.spares import is_ready_spare, is_spare
 
 #: Pseudo-partition of nodes that Slurm lists in no partition.
 NO_PARTITION = "(none)"
@@ -77,7 +77,7 @@ class ClusterView:
 
     @cached_property
     def ready_spares(self) -> tuple[NodeInfo, ...]:
-        """Spares that could be promoted now (:func:`recovery.spares.is_ready_spare`)."""
+        """Spares that could be promoted now (:func:`recovery.pool.spares.is_ready_spare`)."""
         return tuple(n for n in self.nodes.values() if is_ready_spare(n))
 
     @cached_property

@@ -1,6 +1,6 @@
 """Health checks as a port: whether a node we took out is healthy again.
 
-The command-line implementation (``recovery.startup.checks.CommandCheck``) runs the policy's
+The command-line implementation (``service.startup.checks.CommandCheck``) runs the policy's
 ``repair_check`` command; tests pass a fake.
 """
 

@@ -7,7 +7,7 @@ every incident with both clocks. A coordinator killed at any point restarts from
 undecided events are decided, planned actions are applied (idempotently), open incidents are
 reconciled with Slurm.
 
-The embedded implementation is SQLite (``recovery.journaldb.journal.SqliteJournal``); tests of
+The embedded implementation is SQLite (``service.journaldb.journal.SqliteJournal``); tests of
 pure logic may use an in-memory fake of this port.
 """
 

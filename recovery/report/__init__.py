@@ -1,5 +1,5 @@
 """The incident report: what a failure cost and where the time went, rebuilt from a run
-directory. Pure (no plotting here; ``timeline.png`` is drawn by :mod:`recovery.reportgen`).
+directory. Pure (no plotting here; ``timeline.png`` is drawn by :mod:`service.reportgen`).
 
 A run directory, as the scenario runner writes it::
 

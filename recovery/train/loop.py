@@ -9,7 +9,7 @@ Run layout::
 A run killed at any instant and restarted with ``--resume`` continues from the newest
 checkpoint that verifies and ends with exactly the state an uninterrupted run reaches. The
 same holds for a job of K processes (data parallel, state replicated), against an
-uninterrupted K-process run: see :mod:`recovery.train.ranks`.
+uninterrupted K-process run: see :mod:`recovery.api.ranks`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from recovery.api.preemption import Preemption
+from recovery.api.ranks import StopVote, failing_together, finish, start
 from recovery.checkpoint import CheckpointStore, RetentionPolicy, RunLock
+from recovery.contract.exits import EXIT_PREEMPTED
+from recovery.contract.workload import registered, workload_dir
 from recovery.errors import UsageError
 from recovery.events import EventLog, events_file, slurm_context
 from recovery.multiproc import Topology, topology_from_env
@@ -38,14 +41,11 @@ from recovery.train.memory import (
     run_id,
 )
 from recovery.train.options import ResumeMode, TrainOptions, TrainOutcome, validate
-from recovery.train.preempt import EXIT_PREEMPTED, Preemption
-from recovery.train.ranks import Ranks, StopVote, failing_together, finish, start
 from recovery.train.restore import Restored, restore_or_init
+from recovery.train.run import Run
 from recovery.train.saving import Log, Saver
-from recovery.train.workload import registered, workload_dir
 
 if TYPE_CHECKING:
-    from jax.sharding import Mesh
 
     from recovery.train.model import ModelSpec
 
@@ -56,25 +56,6 @@ __all__ = [
     "TrainOutcome",
     "run_training",
 ]
-
-
-@dataclass(frozen=True)
-class Run:
-    """What every phase of one training process shares, fixed once the run lock is held."""
-
-    opts: TrainOptions
-    spec: ModelSpec
-    mesh: Mesh
-    config: dict[str, Any]
-    """The run configuration stored in (and checked against) every checkpoint."""
-    store: CheckpointStore
-    events: EventLog
-    log: Log
-    preemption: Preemption
-    ranks: Ranks | None = None
-    """This process's group in a multi-process run; None for a single process."""
-    memory: MemoryTier | None = None
-    """Node-local copies of the state (``--memory-every``); None: off."""
 
 
 def run_training(
@@ -144,7 +125,9 @@ def _run(
         leftovers = store.remove_leftovers()
         events = EventLog(events_file(opts.run_dir), context=slurm_context(environ), clock=clock)
         try:
-            run = Run(opts, spec, M.make_mesh(), config, store, events, log, preemption)
+            run = Run(
+                opts, spec, M.make_mesh(), config, store, events, log, preemption, environ=environ
+            )
             return _run_locked(run, leftovers)
         finally:
             events.close()
@@ -180,7 +163,10 @@ def _run_multi(
                 ranks.group.barrier()  # nobody writes before the leftovers are gone
                 mesh = M.make_mesh(topology.size)
                 memory = _memory_tier(opts, config, topology, environ, log)
-                run = Run(opts, spec, mesh, config, store, events, log, preemption, ranks, memory)
+                run = Run(
+                    opts, spec, mesh, config, store, events, log, preemption, ranks, memory,
+                    environ=environ,
+                )
                 with compile_cache.every_process_writes(topology.size):
                     outcome = _run_locked(run, leftovers)
                 finish(ranks, EXIT_PREEMPTED if outcome.preempted else 0, log)
@@ -261,7 +247,7 @@ def _run_locked(run: Run, leftovers: list[str]) -> TrainOutcome:
         # Nothing left to do: report the saved final state, run no update.
         run.events.emit("completed", step=restored.step, state_digest=restored.digest, updates=0)
         return TrainOutcome(restored.step, restored.digest, preempted=False, updates=0)
-    with registered(jax.default_backend(), workload_dir(os.environ)):
+    with registered(jax.default_backend(), workload_dir(run.environ)):
         return _train(run, state, restored)
 
 
@@ -339,7 +325,7 @@ def _steps(
     ``(state, step, updates made, the signal that stopped the run or None)``.
 
     A single process stops at the first step boundary after its signal; several stop
-    together, one step later (:class:`~recovery.train.ranks.StopVote`).
+    together, one step later (:class:`~recovery.api.ranks.StopVote`).
     """
     opts, ranks, memory = run.opts, run.ranks, run.memory
     stop: Callable[[int | None, bool], tuple[int | None, bool]] = (

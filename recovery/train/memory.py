@@ -23,7 +23,7 @@ the two slots (a temporary file renamed over it, so the other slot is whole what
 happens), in the loop: no thread competes with the training for the interpreter. Every
 process copies after the same step: process 0 decides (:meth:`MemoryTier.due`) and its wish
 travels with the stop vote every process already exchanges each step
-(:class:`recovery.train.ranks.StopVote`); copies at different steps would make each process
+(:class:`recovery.api.ranks.StopVote`); copies at different steps would make each process
 wait, in the next collective, for every other's copy. Process 0 keeps the tier within
 :data:`BUDGET` of the wall time: after a copy that took ``c`` seconds, the next is no sooner
 than ``c / BUDGET`` seconds later (and no sooner than ``every`` steps). With steps of a
@@ -55,8 +55,7 @@ import xxhash
 
 from recovery.checkpoint.files import dtype_from_name
 from recovery.checkpoint.format import arrays_digest, canonical_json, config_identity
-from recovery.errors import UsageError
-from recovery.train.memplace import (
+from recovery.contract.memplace import (
     DEFAULT_ROOT,
     ENV_MEMORY_DIR,
     environ_node_key,
@@ -69,6 +68,7 @@ from recovery.train.memplace import (
     read_run_id,
     run_id,
 )
+from recovery.errors import UsageError
 
 __all__ = [
     "BUDGET",
@@ -93,7 +93,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from recovery.train.loop import Run
+    from recovery.api.ranks import Ranks
 
 #: Local copies kept per run and node.
 KEEP = 2
@@ -271,7 +271,7 @@ class MemoryTier:
     def due(self, step: int) -> bool:
         """Whether to ask for a copy after the coming step, within ``every`` and the budget
         (the loop asks process 0 each step; every process copies on its answer, one step
-        later: :class:`recovery.train.ranks.StopVote`)."""
+        later: :class:`recovery.api.ranks.StopVote`)."""
         now = self._clock()
         interval = now - self._asked_at if self._asked_at is not None else None
         self._asked_at = now
@@ -376,7 +376,13 @@ class FromMemory:
 
 
 def restore_from_memory(
-    run: Run, template: Any, tier: MemoryTier, *, newest_durable: int
+    ranks: Ranks,
+    template: Any,
+    tier: MemoryTier,
+    *,
+    newest_durable: int,
+    node: str,
+    log: Callable[[str], None],
 ) -> FromMemory | str:
     """The state from the newest node-local copy any process holds, sent to every process
     and checked against its digest; or, when none can be used, why (the caller falls back
@@ -384,16 +390,14 @@ def restore_from_memory(
     """
     from recovery.checkpoint import tree
 
-    assert run.ranks is not None, "the memory tier restores a job of several processes"
-    group = run.ranks.group
+    group = ranks.group
     t0 = time.perf_counter()
     try:
         held = newest_local(tier)
     except OSError as e:  # an unreadable tmpfs is this node's problem, never the job's
         held = Held(-1, "", None, [(str(tier.directory), f"cannot be read: {e}")])
     for name, reason in held.refused:
-        run.log(f"recover: local copy {name} is not usable: {reason}")
-    node = node_name(os.environ)
+        log(f"recover: local copy {name} is not usable: {reason}")
     offers = group.allgather([held.step, held.digest, node], channel="memory")
     best = max(int(o[0]) for o in offers)
     if best < 0:

@@ -13,7 +13,7 @@ from recovery.train.options import ResumeMode
 from recovery.train.saving import log_retention_errors
 
 if TYPE_CHECKING:
-    from recovery.train.loop import Run
+    from recovery.train.run import Run
 
 
 class Restored(NamedTuple):
@@ -43,10 +43,15 @@ def restore_or_init(
             "pass --resume to continue that run, or choose another --run-dir"
         )
     if ranks is not None and run.memory is not None and opts.resume is not ResumeMode.never:
-        from recovery.train.memory import FromMemory, restore_from_memory
+        from recovery.train.memory import FromMemory, node_name, restore_from_memory
 
         got = restore_from_memory(
-            run, template, run.memory, newest_durable=existing[-1] if existing else -1
+            ranks,
+            template,
+            run.memory,
+            newest_durable=existing[-1] if existing else -1,
+            node=node_name(run.environ),
+            log=run.log,
         )
         if isinstance(got, FromMemory):
             _check_step(run, got.step)

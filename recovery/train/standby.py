@@ -18,21 +18,13 @@ first, and the rank is only known at the assignment.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import TextIO
 
 from recovery.errors import UsageError
 from recovery.multiproc.topology import ENV_GROUP, ENV_PROCESS_ID, ENV_PROCESSES, ENV_RENDEZVOUS
 
-#: Set to 1 to start ``recover train`` as a standby (what the supervisor's srun sets).
-ENV_STANDBY = "RECOVER_STANDBY"
 #: The variables an assignment may set; anything else is refused.
 ASSIGNABLE = frozenset({ENV_PROCESS_ID, ENV_PROCESSES, ENV_RENDEZVOUS, ENV_GROUP})
-
-
-def requested(environ: Mapping[str, str]) -> bool:
-    """Whether this process starts as a standby."""
-    return environ.get(ENV_STANDBY, "") not in ("", "0")
 
 
 def warm_up() -> None:

@@ -13,12 +13,12 @@ from typing import Any
 
 import httpx
 
-from recovery.httpapi.agents_api import AgentChannel
-from recovery.httpapi.app import create_app
-from recovery.httpapi.auth import format_tokens
-from recovery.httpapi.server import ServerThread, free_port
-from recovery.journaldb.journal import SqliteJournal
 from recovery.ports.clock import SystemClock
+from service.httpapi.agents_api import AgentChannel
+from service.httpapi.app import create_app
+from service.httpapi.auth import format_tokens
+from service.httpapi.server import ServerThread, free_port
+from service.journaldb.journal import SqliteJournal
 from tests.agents.helpers import wait_for
 from tests.service.helpers import ADMIN_TOKEN, NODE_TOKENS, FakeCoordinator, tokens
 

@@ -13,11 +13,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from recovery.cli.inject import register, render
+from recover.inject import register, render
 from recovery.errors import AuthError, UsageError
-from recovery.httpapi.client import Client, inject
 from recovery.model import Source
 from recovery.ports.journal import ActionStatus
+from service.httpapi.client import Client, inject
 from tests.agents.helpers import wait_for
 from tests.agents.live import AgentProcess, LiveCoordinator, wait_connected
 from tests.service.helpers import replace_decision

@@ -9,7 +9,7 @@ import pytest
 from agents.cli import agent_config
 from agents.link import CoordinatorLink, Refused, read_agent_token
 from recovery.errors import CoordinatorUnavailableError, UsageError
-from recovery.httpapi.server import free_port
+from service.httpapi.server import free_port
 from tests.agents.live import LiveCoordinator
 
 TOKENS = "# tokens\nadmin " + "a" * 20 + "\nnode n1 " + "1" * 20 + "\nnode n2 " + "2" * 20 + "\n"

@@ -12,8 +12,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from recover import main
 from recovery.api import CheckpointExistsError, CheckpointManager, UsageError, import_orbax
-from recovery.cli import main
 from tests.api.helpers import dtype_leaves, leaves_equal, make_train_state, train
 
 

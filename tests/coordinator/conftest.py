@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from recovery import proc
-from recovery.supervise import agents as agents_proc
-from recovery.supervise import coordinator as coordinator_proc
+from service.daemons import agents as agents_proc
+from service.daemons import coordinator as coordinator_proc
 from slurm.cluster import LocalCluster
 from tests.coordinator.helpers import SHIM, Coordinator
 

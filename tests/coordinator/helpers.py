@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from recovery import proc, statedir
-from recovery.httpapi.client import Client, admin_token
 from recovery.model import HealthEvent, Source
-from recovery.supervise import coordinator as coordinator_proc
+from service.daemons import coordinator as coordinator_proc
+from service.httpapi.client import Client, admin_token
 
 RECOVER = str(Path(sys.executable).parent / "recover")
 

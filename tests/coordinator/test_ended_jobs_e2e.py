@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from recovery.contract.exits import EXIT_DO_NOT_RESTART
 from recovery.ports.slurm import BatchJob, JobInfo
-from recovery.train.preempt import EXIT_DO_NOT_RESTART
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
 from slurm.sbatch import submit_training

@@ -25,12 +25,12 @@ from agents.ids import read_boot_id
 from agents.inject import simulated_bus
 from agents.kmsg import kmsg_event_id, parse_line
 from recovery import proc
-from recovery.journaldb.journal import SqliteJournal
 from recovery.ports.clock import SystemClock
 from recovery.ports.slurm import BatchJob
 from recovery.statedir import JOURNAL_FILE
-from recovery.supervise import agents as agents_proc
-from recovery.supervise import coordinator as coordinator_proc
+from service.daemons import agents as agents_proc
+from service.daemons import coordinator as coordinator_proc
+from service.journaldb.journal import SqliteJournal
 from slurm import procs
 from slurm.cluster import LocalCluster
 from tests.coordinator.helpers import SHIM, Coordinator

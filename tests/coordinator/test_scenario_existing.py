@@ -13,11 +13,11 @@ import pytest
 
 from recovery import statedir
 from recovery.errors import UsageError
-from recovery.supervise import coordinator as coordinator_proc
 from scenarios import render
 from scenarios.loader import find
 from scenarios.runner import RunOptions, run
 from scenarios.schema import ExistingCluster
+from service.daemons import coordinator as coordinator_proc
 from slurm.cluster import LocalCluster
 from tests.coordinator.helpers import Coordinator
 
@@ -98,7 +98,7 @@ def test_a_failed_expectation_exits_10_saying_which_and_by_how_much(
     path = tmp_path / "ignored.yaml"
     path.write_text(IGNORED)
     done = subprocess.run(
-        [sys.executable, "-m", "recovery", "scenario", "run", str(path), "--out",
+        [sys.executable, "-m", "recover", "scenario", "run", str(path), "--out",
          str(tmp_path / "run"), "--cache", str(control_cache), "--slurm-conf",
          existing.slurm_conf, "--coordinator", existing.coordinator, "--token-file",
          existing.token_file],

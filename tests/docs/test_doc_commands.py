@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from recovery.cli import app
+from recover import app
 from tests.docs.doc_commands import ROOT, Cmd, DocCommand, all_commands, check, commands_in
 
 COMMANDS = all_commands()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from recovery.errors import SlurmRefusedError, SlurmUnavailableError, UsageError, unknown_choice
+from recovery.pool.spares import SPARE_REASON
 from recovery.ports.slurm import (
     BatchJob,
     JobInfo,
@@ -31,7 +32,6 @@ from recovery.ports.slurm import (
     validate_job_id,
     validate_node_name,
 )
-from recovery.spares import SPARE_REASON
 from slurm.control import (
     release_held_needed,
     requeue_ended_needed,

@@ -19,11 +19,11 @@ SERVICE = ("fastapi", "starlette", "uvicorn", "kubernetes")
 DEVICE = ("pynvml", "grpc", "tpu_info")
 EXTRAS_ONLY = ("orbax", "flax", "optax")
 COORDINATOR_PACKAGES = (
-    "recovery.startup",
-    "recovery.httpapi",
+    "service.startup",
+    "service.httpapi",
     "recovery.coordinator",
-    "recovery.journaldb",
-    "recovery.supervise",
+    "service.journaldb",
+    "service.daemons",
     "recovery.policy",
     "k8s",
     "slurm",
@@ -62,7 +62,7 @@ PARTS = {
     ),
     "report": Part(
         "report",
-        ("recovery.report", "recovery.reportgen"),
+        ("recovery.report", "service.reportgen"),
         (*JAX, "xxhash", *SERVICE, *DEVICE, *EXTRAS_ONLY),
         ("jax", "jaxlib", "kubernetes", "fastapi", "uvicorn"),
     ),

@@ -16,7 +16,7 @@ import pytest
 import typer
 import yaml
 
-from recovery.cli import app
+from recover import app
 from tests.install.parts import ROOT
 
 RECIPE = ROOT / "Containerfile"

@@ -108,7 +108,7 @@ def test_coordinator_extra_serves_and_answers_its_health_check(
     code = (
         "import httpx, sys\n"
         "from pathlib import Path\n"
-        "from recovery.supervise import coordinator as c\n"
+        "from service.daemons import coordinator as c\n"
         f"state = Path({str(state_dir)!r})\n"
         f"ep = c.start(state, slurm_conf=Path({str(local_cluster.conf_path)!r}), dry_run=True,"
         " timeout_s=120)\n"

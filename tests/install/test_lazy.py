@@ -25,7 +25,7 @@ for name in {packages!r}:
     for info in pkgutil.walk_packages(package.__path__, name + "."):
         if not info.name.endswith(".__main__"):  # runs a command when imported
             importlib.import_module(info.name)
-from recovery.cli import main
+from recover import main
 rc = main({argv!r})
 print("\\nMODULES " + json.dumps(sorted({{m.split(".")[0] for m in sys.modules}})))
 sys.exit(rc)
@@ -67,7 +67,7 @@ def test_part_loads_nothing_its_extra_lacks(name: str, tmp_path: Path) -> None:
 
 
 def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
-    modules = loaded(("recovery.reportgen",), ["--help"], tmp_path)
+    modules = loaded(("service.reportgen",), ["--help"], tmp_path)
     assert "matplotlib" in modules
 
 

@@ -20,7 +20,7 @@ from recovery import proc
 from recovery.ports.nodes import CONDITION_TYPE, PROMOTED_LABEL, TAINT_KEY
 from recovery.ports.owners import SLINKY_POD_CORDON
 from recovery.ports.slurm import BatchJob, JobInfo
-from recovery.supervise import coordinator as coordinator_proc
+from service.daemons import coordinator as coordinator_proc
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
 from slurm.sbatch import submit_training

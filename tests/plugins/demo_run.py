@@ -58,7 +58,7 @@ def demo_run(control_cache: Path) -> DemoRun:
         fcntl.flock(lock, fcntl.LOCK_EX)  # held while the first worker runs the demo
         if not result.exists():
             done = subprocess.run(
-                [sys.executable, "-m", "recovery", "demo", "--steps", str(DEMO_STEPS),
+                [sys.executable, "-m", "recover", "demo", "--steps", str(DEMO_STEPS),
                  "--out", str(out), "--cache", str(control_cache)],
                 capture_output=True, text=True, timeout=600, check=False,
             )  # fmt: skip

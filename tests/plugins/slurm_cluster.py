@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from recovery.policy.requeue import ABNORMAL_END_STATES
+from recovery.pool.spares import SPARE_REASON
 from recovery.ports.slurm import SlurmControl
-from recovery.spares import SPARE_REASON
 from slurm import install, procs, restd
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import ClusterInfo, LocalCluster

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery.report import PHASES
-from recovery.reportgen import write_report
+from service.reportgen import write_report
 from tests.report.helpers import copy_sample
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from recovery.cli import main
+from recover import main
 from recovery.report import PHASES
-from recovery.reportgen import write_report
+from service.reportgen import write_report
 from tests.report.helpers import NAMES, copy_sample
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -18,7 +18,7 @@ from tests.slurm.helpers import require_local_slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "examples" / "flax_lm" / "scenario.yaml"
-RECOVER = [sys.executable, "-m", "recovery"]
+RECOVER = [sys.executable, "-m", "recover"]
 
 BASE = """\
 cluster: {nodes: 2, spares: 1}

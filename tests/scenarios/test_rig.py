@@ -4,7 +4,7 @@ Where it lives: slurmstepd creates a Unix socket per job step in its spool, and 
 has at most 107 characters, so a deep run directory gets its cluster in a short temporary
 folder instead (the runner moves it into the run afterwards).
 
-How it comes up: through recovery.bringup (as ``recover cluster up --agents``), and Slurm is
+How it comes up: through service.bringup (as ``recover cluster up --agents``), and Slurm is
 reached through the backend the run asked for (``recover scenario run --slurm-backend``):
 checked on the objects built, with the bring-up faked, and once for real with slurmrestd."""
 
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from recovery import bringup
-from recovery.bringup import LocalUp
-from recovery.cli import main
+from recover import main
 from recovery.errors import ClusterError, UsageError
-from recovery.spares import is_ready_spare
+from recovery.pool.spares import is_ready_spare
 from recovery.statedir import Endpoint
-from recovery.wiring import SlurmAccess
 from scenarios.rig import bring_up, cluster_root
 from scenarios.schema import ClusterSpec
+from service import bringup
+from service.bringup import LocalUp
+from service.wiring import SlurmAccess
 from slurm import procs
 from slurm.cli_slurm import CliSlurm
 from slurm.clusterinfo import (
@@ -77,7 +77,7 @@ def test_local_cluster_refuses_a_state_dir_too_deep_for_its_sockets() -> None:
 
 
 class FakeBringUp:
-    """Stands in for recovery.bringup's processes: records what was asked, starts nothing."""
+    """Stands in for service.bringup's processes: records what was asked, starts nothing."""
 
     def __init__(self, tmp_path: Path, *, fail: BaseException | None = None) -> None:
         self.specs: list[bringup.LocalSpec] = []

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from recovery import statedir
-from recovery.supervise import agents as agents_proc
-from recovery.train.memplace import memory_root, node_key
+from recovery.contract.memplace import memory_root, node_key
 from scenarios.loader import find, shipped
 from scenarios.main import DEMO
+from service.daemons import agents as agents_proc
 from slurm import procs
 from tests.plugins.demo_run import DemoRun
 from tests.plugins.slurm_cluster import require_2511
@@ -32,7 +32,7 @@ from tests.slurm.helpers import require_local_slurm
 
 pytestmark = pytest.mark.slurm
 
-RECOVER = [sys.executable, "-m", "recovery"]
+RECOVER = [sys.executable, "-m", "recover"]
 #: Run in the default tier besides `recover demo` (the xid79 scenario): the fallback past a
 #: corrupt checkpoint, the promise the demo does not exercise.
 DEFAULT_TIER = ("checkpoint-corrupt",)

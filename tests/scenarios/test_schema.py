@@ -22,7 +22,7 @@ from scenarios.loader import (
 )
 from scenarios.schema import SPECIAL_FAULTS, Entry
 
-RECOVER = [sys.executable, "-m", "recovery"]
+RECOVER = [sys.executable, "-m", "recover"]
 
 GOOD = """\
 description: a test

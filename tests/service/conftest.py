@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from recovery.journaldb.journal import SqliteJournal
 from recovery.ports.clock import FakeClock
+from service.journaldb.journal import SqliteJournal
 from tests.service.helpers import Api, running_api
 
 

@@ -16,13 +16,13 @@ from typing import Any
 import httpx
 
 from recovery.errors import UsageError, unknown_choice
-from recovery.httpapi.app import create_app
-from recovery.httpapi.auth import TokenTable
-from recovery.httpapi.fastpath import ServiceApp
-from recovery.httpapi.server import ServerThread
-from recovery.journaldb.journal import SqliteJournal
 from recovery.model import Decision, HealthEvent, PromoteSpare, Source, TakeDown, Verdict
 from recovery.ports.clock import FakeClock
+from service.httpapi.app import create_app
+from service.httpapi.auth import TokenTable
+from service.httpapi.fastpath import ServiceApp
+from service.httpapi.server import ServerThread
+from service.journaldb.journal import SqliteJournal
 
 NODES = ("n1", "n2", "n3")
 ADMIN_TOKEN = "admin-token-0123456789abcdef"  # noqa: S105 (a test token)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the tree under test
 
-from recovery.journaldb.journal import SqliteJournal
 from recovery.ports.clock import SystemClock
+from service.journaldb.journal import SqliteJournal
 from tests.service.helpers import crash_event
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the tree under test
 
-from recovery.httpapi.app import create_app
-from recovery.httpapi.server import serve
-from recovery.journaldb.journal import SqliteJournal
 from recovery.ports.clock import SystemClock
+from service.httpapi.app import create_app
+from service.httpapi.server import serve
+from service.journaldb.journal import SqliteJournal
 from tests.service.helpers import FakeCoordinator, tokens
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import UsageError
-from recovery.httpapi.agents_api import HeartbeatTracker
-from recovery.httpapi.commands import CommandBroker
 from recovery.ports.clock import FakeClock
+from service.httpapi.agents_api import HeartbeatTracker
+from service.httpapi.commands import CommandBroker
 from tests.service.helpers import (
     NODE_TOKENS,
     auth,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import UsageError
-from recovery.httpapi import auth
-from recovery.httpapi.auth import ADMIN, Principal, generate_tokens, load_tokens
+from service.httpapi import auth
+from service.httpapi.auth import ADMIN, Principal, generate_tokens, load_tokens
 
 GOOD = """\
 # coordinator tokens

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 import pytest
 
 from recovery.errors import JournalError
-from recovery.httpapi.intake import GroupCommitter
-from recovery.journaldb.journal import SqliteJournal
 from recovery.model import HealthEvent
 from recovery.ports.clock import FakeClock, Stamp
+from service.httpapi.intake import GroupCommitter
+from service.journaldb.journal import SqliteJournal
 from tests.service.helpers import FakeCoordinator, event
 
 

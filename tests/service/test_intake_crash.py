@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from recovery.httpapi.server import free_port
-from recovery.journaldb.journal import SqliteJournal
 from recovery.ports.clock import FakeClock
+from service.httpapi.server import free_port
+from service.journaldb.journal import SqliteJournal
 from tests.service.helpers import ADMIN_TOKEN, auth, event_json, start_server, wait_healthy
 
 AGENTS = 8

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from recovery.httpapi.intake import field_errors, parse_events, reply_body
 from recovery.model import HealthEvent
+from service.httpapi.intake import field_errors, parse_events, reply_body
 from tests.service.helpers import event
 
 ONE = b'{"id": "e1", "node": "n1", "source": "nvml", "fault": "xid79", "observed_at": 5}'

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import JournalError, UsageError
-from recovery.journaldb.journal import SqliteJournal
 from recovery.model import Decision, TakeDown, Verdict
 from recovery.ports.clock import FakeClock, Stamp
 from recovery.ports.journal import ActionStatus, IncidentStatus, JobPath, Journal, Phase, PhaseName
+from service.journaldb.journal import SqliteJournal
 from tests.service.helpers import event, replace_decision
 
 

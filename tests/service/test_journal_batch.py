@@ -7,10 +7,10 @@ import sqlite3
 import pytest
 
 from recovery.errors import JournalError
-from recovery.journaldb import plan
-from recovery.journaldb.journal import SqliteJournal
 from recovery.ports.clock import FakeClock
 from recovery.ports.journal import ActionStatus, Phase, PhaseName
+from service.journaldb import plan
+from service.journaldb.journal import SqliteJournal
 from tests.service.helpers import event, replace_decision
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from recovery.journaldb.journal import SqliteJournal
 from recovery.ports.clock import FakeClock
+from service.journaldb.journal import SqliteJournal
 from tests.helpers import kill_and_drain
 from tests.service.helpers import crash_event
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import JournalError
-from recovery.journaldb.journal import SqliteJournal
-from recovery.journaldb.schema import MIGRATIONS, SCHEMA_VERSION
 from recovery.ports.clock import FakeClock
+from service.journaldb.journal import SqliteJournal
+from service.journaldb.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.service.helpers import event
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from recovery.journaldb.journal import SqliteJournal
 from recovery.ports.clock import FakeClock
+from service.journaldb.journal import SqliteJournal
 from tests.service.helpers import event, replace_decision
 
 WRITERS, PER_WRITER, READERS = 4, 150, 3

@@ -14,9 +14,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from recovery.httpapi.agents_api import AgentChannel, HeartbeatTracker
-from recovery.httpapi.commands import CommandBroker
 from recovery.ports.clock import SystemClock
+from service.httpapi.agents_api import AgentChannel, HeartbeatTracker
+from service.httpapi.commands import CommandBroker
 from tests.service.helpers import ADMIN_TOKEN, NODE_TOKENS, Api, auth, running_api
 
 EXAMPLES = 25

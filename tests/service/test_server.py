@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from recovery.httpapi.server import free_port
+from service.httpapi.server import free_port
 from tests.service.helpers import (
     ADMIN_TOKEN,
     auth,

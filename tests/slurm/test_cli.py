@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from recovery import bringup
-from recovery.cli import main
+from recover import main
 from recovery.statedir import Endpoint
+from service import bringup
 from slurm import procs
 from slurm.cluster import REQUIRED_PROGRAMS, ClusterInfo
 from tests.slurm.helpers import GOLDEN, TRAIN
@@ -78,7 +78,7 @@ def test_cluster_lifecycle_is_idempotent(
 def test_cluster_up_and_down_are_the_local_bring_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The options become one LocalSpec for recovery.bringup.up, the scenario rig's bring-up.
+    # The options become one LocalSpec for service.bringup.up, the scenario rig's bring-up.
     specs: list[tuple[Path, bringup.LocalSpec]] = []
 
     def up(state: Path, spec: bringup.LocalSpec) -> bringup.LocalUp:

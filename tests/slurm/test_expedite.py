@@ -24,10 +24,10 @@ import pytest
 
 from agents import epilog
 from recovery import statedir
-from recovery.httpapi.client import Client, admin_token
 from recovery.model.events import HealthEvent, Source
 from recovery.ports.slurm import BatchJob, JobInfo
-from recovery.supervise import coordinator as coordinator_proc
+from service.daemons import coordinator as coordinator_proc
+from service.httpapi.client import Client, admin_token
 from slurm import procs
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster

@@ -129,7 +129,7 @@ def test_the_epilog_wrapper_puts_the_install_first_on_path(tmp_path: Path) -> No
 def test_cluster_env_puts_a_builds_programs_first_on_path(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from recovery.cli import main
+    from recover import main
 
     prefix = fake_build(tmp_path / "cache")
     state = tmp_path / "state"

@@ -21,8 +21,8 @@ from typing import Protocol, TypeVar
 import pytest
 
 from recovery.errors import ReasonNotOursError, SlurmRefusedError, UsageError
+from recovery.pool.spares import SPARE_REASON
 from recovery.ports.slurm import BatchJob, SlurmControl
-from recovery.spares import SPARE_REASON
 from slurm.cli_slurm import CliSlurm
 from slurm.rest_slurm import RestSlurm
 from tests.fakes.slurm import FakeSlurm

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from recovery.contract.exits import EXIT_PREEMPTED as PREEMPTED_STATUS  # the trainer's status
 from recovery.errors import UsageError
-from recovery.train.preempt import EXIT_PREEMPTED as PREEMPTED_STATUS  # the trainer's status
 from slurm.sbatch import (
     default_processes,
     render_batch_script,
@@ -60,7 +60,7 @@ def test_auto_resume_is_added_only_to_recover_train_without_a_resume_flag() -> N
     assert with_auto_resume(TRAIN)[-1] == "--auto-resume"
     assert with_auto_resume([*TRAIN, "--resume"]) == [*TRAIN, "--resume"]
     assert with_auto_resume([*TRAIN, "--auto-resume"]).count("--auto-resume") == 1
-    py = ["python3", "-m", "recovery", "train", "--steps", "3"]
+    py = ["python3", "-m", "recover", "train", "--steps", "3"]
     assert with_auto_resume(py)[-1] == "--auto-resume"
     assert with_auto_resume(["bash", "run.sh"]) == ["bash", "run.sh"]
 

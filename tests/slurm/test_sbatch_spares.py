@@ -38,9 +38,9 @@ def test_spares_ask_k_plus_s_nodes_with_no_kill_and_run_the_supervisor() -> None
 
 def test_python_m_recovery_runs_the_supervisor_the_same_way() -> None:
     script = render_batch_script(
-        ["python3", "-m", "recovery", "train", "--steps", "3"], signal_lead_s=30, spares=1
+        ["python3", "-m", "recover", "train", "--steps", "3"], signal_lead_s=30, spares=1
     )
-    assert "python3 -m recovery supervise-job --processes 1" in script
+    assert "python3 -m recover supervise-job --processes 1" in script
 
 
 def test_spares_need_recover_train_and_a_count_of_zero_or_more() -> None:
@@ -82,7 +82,7 @@ def test_more_nodes_than_in_service_names_how_many_spares_fit() -> None:
 
 
 def test_the_supervisor_refuses_a_negative_standby_delay_and_takes_no_standby() -> None:
-    base = [sys.executable, "-m", "recovery", "supervise-job", "--processes", "1",
+    base = [sys.executable, "-m", "recover", "supervise-job", "--processes", "1",
             "--decision-file", "/nonexistent/d"]  # fmt: skip
     bad = subprocess.run([*base, "--standby-after", "-1", "--", *CMD],
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from recovery.errors import NoSpareError, ReasonNotOursError
+from recovery.pool.spares import SPARE_REASON, SparePool
 from recovery.ports.slurm import SlurmControl
-from recovery.spares import SPARE_REASON, SparePool
 from slurm.cli_slurm import CliSlurm
 from tests.slurm.helpers import wait_for
 

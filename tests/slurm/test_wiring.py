@@ -1,4 +1,4 @@
-"""Which cluster a command talks to: resolved once, in recovery.wiring, for every command.
+"""Which cluster a command talks to: resolved once, in service.wiring, for every command.
 
 Pure resolution first; then the CLI: promote, retire, status and sbatch all follow
 ``$SLURM_CONF`` (checked without daemons through the parse error Slurm gives for a conf only
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from recovery import wiring
-from recovery.cli import main
+from recover import main
 from recovery.errors import UsageError
+from service import wiring
 from slurm.cli_slurm import CliSlurm
 from slurm.rest_slurm import RestSlurm
 from slurm.restd import RestEndpoint, save_endpoint

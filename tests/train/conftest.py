@@ -14,7 +14,7 @@ import pytest
 
 from recovery.events import read_events
 
-RECOVER = [sys.executable, "-m", "recovery"]
+RECOVER = [sys.executable, "-m", "recover"]
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:

@@ -51,7 +51,7 @@ def _slot_steps(directory: Path) -> list[int]:
 
 
 def _nodes(*names: str) -> list[dict[str, str]]:
-    # No cluster: each node's copies under its bare name (recovery.train.memplace.node_key),
+    # No cluster: each node's copies under its bare name (recovery.contract.memplace.node_key),
     # whatever SLURM_CONF this test process carries (the pyslurm adapter exports one).
     return [{"SLURMD_NODENAME": n, "SLURM_CONF": ""} for n in names]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from recovery.checkpoint import CheckpointStore, RunLock
+from recovery.contract.exits import EXIT_PREEMPTED
 from recovery.multiproc import EXIT_PEER_LOST
-from recovery.train.preempt import EXIT_PREEMPTED
 from tests.train.conftest import run_cli, train_cmd, wait_for
 from tests.train.multi import STOP_WITHIN_S, final_digest, launch, of, run
 

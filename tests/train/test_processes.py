@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from recovery.checkpoint import CheckpointStore
-from recovery.train.preempt import EXIT_PREEMPTED
+from recovery.contract.exits import EXIT_PREEMPTED
 from tests.train.conftest import (
     completed_digest,
     events,

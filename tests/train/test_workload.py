@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery.train.workload import any_registered, registered, workload_dir
+from recovery.contract.workload import any_registered, registered, workload_dir
 
 
 def test_a_tpu_run_keeps_a_marker_while_it_runs_and_removes_it_after(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import UsageError
-from recovery.wiring import KubeOptions, node_control
+from service.wiring import KubeOptions, node_control
 
 
 def test_either_a_kubeconfig_or_in_cluster() -> None:
@@ -31,7 +31,7 @@ def test_unknown_choices_name_the_valid_ones(tmp_path: Path) -> None:
 
 def test_serve_refuses_a_bad_kubernetes_setting_before_touching_slurm(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "recovery", "coordinator", "serve", "--state-dir",
+        [sys.executable, "-m", "recover", "coordinator", "serve", "--state-dir",
          str(tmp_path / "state"), "--slurm-conf", str(tmp_path / "no-slurm.conf"),
          "--kubeconfig", str(tmp_path / "kc"), "--k8s-taint-effect", "Sometimes"],
         capture_output=True, text=True, timeout=120, check=False,

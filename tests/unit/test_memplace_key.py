@@ -1,12 +1,12 @@
 """Where a node's memory-tier copies live: one directory per node and cluster, so that a
-crash of one local cluster's node1 (recovery.train.memplace.forget_node) empties nothing of
+crash of one local cluster's node1 (recovery.contract.memplace.forget_node) empties nothing of
 another cluster's node1 on the same host."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from recovery.train.memplace import environ_node_key, forget_node, node_key
+from recovery.contract.memplace import environ_node_key, forget_node, node_key
 
 
 def test_the_key_is_the_node_and_its_cluster(tmp_path: Path) -> None:

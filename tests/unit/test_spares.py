@@ -10,8 +10,7 @@ from dataclasses import replace
 import pytest
 
 from recovery.errors import NoSpareError, ReasonNotOursError, UsageError
-from recovery.ports.slurm import BatchJob, JobInfo, NodeInfo, mark
-from recovery.spares import (
+from recovery.pool.spares import (
     SPARE_REASON,
     RetireStep,
     SparePool,
@@ -19,6 +18,7 @@ from recovery.spares import (
     is_spare,
     retire_steps,
 )
+from recovery.ports.slurm import BatchJob, JobInfo, NodeInfo, mark
 
 DRAIN = frozenset({"DRAIN"})
 LOST = frozenset({"NOT_RESPONDING"})

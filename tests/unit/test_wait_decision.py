@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from recovery.errors import RecoverError, UsageError
-from recovery.httpapi.client import wait_decision
+from service.httpapi.client import wait_decision
 
 DECISION = {"event_id": "e1", "verdict": "replace", "incident": "inc-1"}
 

@@ -13,13 +13,13 @@ from recovery.coordinator.executor import ExecutorSettings
 from recovery.coordinator.kube import KubeMode
 from recovery.coordinator.reconcile import Heartbeats
 from recovery.coordinator.rules import Rules
-from recovery.journaldb.journal import SqliteJournal
 from recovery.model import HealthEvent, Source
 from recovery.policy import PolicyConfig, load_catalogue
 from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import FakeClock
 from recovery.ports.journal import IncidentRecord
 from recovery.retry import Backoff
+from service.journaldb.journal import SqliteJournal
 from tests.fakes.nodes import FakeNodes
 from tests.fakes.slurm import FakeSlurm
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from recovery.cli import app
+from recover import app
 from recovery.policy import PolicyConfig, load_catalogue, load_policy_config
 from recovery.ports.journal import PhaseName
 from tests.fakes.slurm import FakeSlurm

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from recovery.cli.render import render_incident
-from recovery.httpapi.models import incident_detail
+from recover.render import render_incident
+from recovery.contract.exits import EXIT_DO_NOT_RESTART
 from recovery.policy import BreakerConfig, PolicyConfig
 from recovery.policy.requeue import RequeueConfig
 from recovery.ports.journal import IncidentStatus, RequeueOutcome
-from recovery.train.preempt import EXIT_DO_NOT_RESTART
+from service.httpapi.models import incident_detail
 from tests.fakes.slurm import FakeSlurm
 from tests.helpers import Crash
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery.cli.render import render_status
+from recover.render import render_status
 from recovery.coordinator.kube import KubeMode, released, unready_event
 from recovery.model import Source
 from recovery.ports.journal import ActionStatus, IncidentStatus

@@ -16,8 +16,8 @@ from recovery.policy import (
     advance,
     decide,
 )
+from recovery.pool.spares import SPARE_REASON
 from recovery.ports.slurm import NodeInfo
-from recovery.spares import SPARE_REASON
 
 #: Receipt times start here (Unix seconds); tests add offsets to it.
 T0 = 1_800_000_000.0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from recovery.contract.exits import EXIT_DO_NOT_RESTART, EXIT_PREEMPTED
 from recovery.policy import PolicyConfig, PolicyFileError, load_policy_config
 from recovery.policy.requeue import (
     ABNORMAL_END_STATES,
@@ -19,7 +20,6 @@ from recovery.policy.requeue import (
     judge,
 )
 from recovery.ports.slurm import JobInfo
-from recovery.train.preempt import EXIT_DO_NOT_RESTART, EXIT_PREEMPTED
 
 T = 1_800_000_000.0
 FAILED = JobInfo("7", "train", "FAILED", ("n1", "n2"), 2, exit_code=134, end_time=T)

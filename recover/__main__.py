@@ -1,0 +1,5 @@
+import sys
+
+from recover import main
+
+sys.exit(main())

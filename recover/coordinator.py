@@ -1,0 +1,125 @@
+"""``recover coordinator serve`` and ``recover policy replay``. Thin: parse, call one function."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from recover.options import AsJson, SlurmBackend, SlurmJwtFile, SlurmRestd, SlurmUser
+
+app = typer.Typer(help="Run the coordinator (events in, Slurm actions out).", no_args_is_help=True)
+policy_app = typer.Typer(help="Inspect the fault policy.", no_args_is_help=True)
+
+
+@app.command()
+def serve(
+    state_dir: Annotated[
+        Path, typer.Option("--state-dir", help="Journal, tokens and endpoint live here.")
+    ] = Path(".state/coordinator"),
+    listen: Annotated[
+        str, typer.Option(help="HOST:PORT to listen on (port 0: a free one).")
+    ] = "127.0.0.1:8470",
+    slurm_conf: Annotated[
+        str | None,
+        typer.Option(envvar="SLURM_CONF", help="slurm.conf [default: the local cluster]."),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="Policy file (YAML): overrides, windows, breaker, spares.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Decide and record, but apply no action.")
+    ] = False,
+    tick: Annotated[float, typer.Option(help="Seconds between Slurm reconcile polls.")] = 0.5,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="RECOVER_KUBECONFIG", help="Kubernetes mode: the cluster in this kubeconfig."
+        ),
+    ] = None,
+    in_cluster: Annotated[
+        bool,
+        typer.Option(
+            "--in-cluster",
+            envvar="RECOVER_IN_CLUSTER",
+            help="Kubernetes mode: this pod's ServiceAccount (recover-coordinator).",
+        ),
+    ] = False,
+    k8s_namespace: Annotated[
+        str, typer.Option(envvar="RECOVER_K8S_NAMESPACE", help="Namespace of the slurmd pods.")
+    ] = "slurm",
+    k8s_pod_selector: Annotated[
+        str,
+        typer.Option(envvar="RECOVER_K8S_POD_SELECTOR", help="Label selector of slurmd pods."),
+    ] = "app.kubernetes.io/component=slurmd",
+    k8s_taint_effect: Annotated[
+        str, typer.Option(help="Effect of our taint: NoSchedule or NoExecute.")
+    ] = "NoSchedule",
+    k8s_pod_removal: Annotated[
+        str, typer.Option(help="How slurmd pods go: delete, or evict (Eviction API).")
+    ] = "delete",
+    slinky: Annotated[
+        bool,
+        typer.Option(
+            "--slinky",
+            envvar="RECOVER_SLINKY",
+            help="Slinky cluster: drain through the slurm-operator's pod annotation.",
+        ),
+    ] = False,
+    slurm_backend: SlurmBackend = None,
+    slurmrestd: SlurmRestd = None,
+    slurm_jwt_file: SlurmJwtFile = None,
+    slurm_user: SlurmUser = None,
+) -> None:
+    """Serve the intake API and act on health events until SIGTERM/SIGINT."""
+    from service.startup.serve import ServeOptions, run_coordinator
+    from service.wiring import KubeOptions, SlurmAccess
+
+    kube = None
+    if kubeconfig is not None or in_cluster or slinky:
+        kube = KubeOptions(
+            kubeconfig=kubeconfig,
+            in_cluster=in_cluster,
+            namespace=k8s_namespace,
+            pod_selector=k8s_pod_selector,
+            taint_effect=k8s_taint_effect,
+            pod_removal=k8s_pod_removal,
+            slinky=slinky,
+        )
+    run_coordinator(
+        ServeOptions(
+            state_dir=state_dir,
+            listen=listen,
+            slurm_conf=slurm_conf,
+            config=config,
+            dry_run=dry_run,
+            tick_s=tick,
+            kube=kube,
+            slurm_access=SlurmAccess(slurm_backend, slurmrestd, slurm_jwt_file, slurm_user),
+        )
+    )
+
+
+@policy_app.command("replay")
+def replay(
+    journal: Annotated[Path, typer.Argument(help="A coordinator's journal.sqlite.")],
+    config: Annotated[
+        Path | None, typer.Option(help="The policy file to re-decide under [default: built-in].")
+    ] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Re-decide a recorded event history under another policy; print what would differ.
+    Applies no action."""
+    from service.startup.replay import replay_journal
+
+    diffs = replay_journal(journal, config)
+    if as_json:
+        typer.echo(json.dumps([d.to_json() for d in diffs], indent=2))
+    elif not diffs:
+        typer.echo("no difference: every event would be decided the same way")
+    else:
+        for d in diffs:
+            typer.echo(d.summary())
+        typer.echo(f"{len(diffs)} decision(s) would differ")

@@ -1,5 +1,0 @@
-import sys
-
-from recovery.cli import main
-
-sys.exit(main())

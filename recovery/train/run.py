@@ -1,0 +1,42 @@
+"""What every phase of one ``recover train`` process shares (:class:`Run`), apart from the
+loop so that restoring and the memory tier can be read without it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from recovery.api.preemption import Preemption
+from recovery.api.ranks import Ranks
+from recovery.checkpoint import CheckpointStore
+from recovery.events import EventLog
+from recovery.train.memory import MemoryTier
+from recovery.train.options import TrainOptions
+from recovery.train.saving import Log
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+    from recovery.train.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every phase of one training process shares, fixed once the run lock is held."""
+
+    opts: TrainOptions
+    spec: ModelSpec
+    mesh: Mesh
+    config: dict[str, Any]
+    """The run configuration stored in (and checked against) every checkpoint."""
+    store: CheckpointStore
+    events: EventLog
+    log: Log
+    preemption: Preemption
+    ranks: Ranks | None = None
+    """This process's group in a multi-process run; None for a single process."""
+    memory: MemoryTier | None = None
+    """Node-local copies of the state (``--memory-every``); None: off."""
+    environ: Mapping[str, str] = field(default_factory=dict)
+    """The environment the run was started with (what :func:`run_training` was given)."""
