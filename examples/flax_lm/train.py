@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     preemption = Preemption()
     with failing_together(processes), manager, preemption.installed():
+        manager.open()  # the run lock first (one writer per run), then announce the run
         events.emit("started", step=None, target_steps=args.steps)
         fresh = init_state()
         restored = manager.restore_or_none(fresh)
@@ -166,14 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                 manager.save(step, state)  # in the background
             if args.step_delay:
                 time.sleep(args.step_delay)
-        last = manager.wait()
-        if last is None or last.step != step:
-            manager.save(step, state)
-            last = manager.wait()
-        assert last is not None
-        events.emit("completed", step=step, state_digest=last.state_digest)
+        digest = manager.finalize(step, state)  # durable (saved unless it already was)
+        events.emit("completed", step=step, state_digest=digest)
     leave(processes)
-    print(f"completed step {step} state_digest {last.state_digest}", flush=True)
+    print(f"completed step {step} state_digest {digest}", flush=True)
     return 0
 
 

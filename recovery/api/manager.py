@@ -9,7 +9,7 @@ with pytrees in and out (:mod:`recovery.api.pytree`) and the ``checkpoint``, ``r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -116,11 +116,18 @@ class CheckpointManager:
         workers: threads that write or read data files in parallel.
         processes: for a job of several processes (:func:`recovery.api.join`): every
             process makes the same calls in the same order; each writes its share of every
-            save and process 0 commits it (one checkpoint, whatever the count), a restore
-            takes the newest step that verifies for all of them, and process 0 alone holds
-            the run lock, sets damaged steps aside and applies retention. Arrays sharded over
-            several processes' devices are gathered for the save and placed back with the
-            template's sharding on restore.
+            save and process 0 commits it (one checkpoint, whatever the count, which its
+            metadata records as ``processes``), a restore takes the newest step that
+            verifies for all of them, and process 0 alone holds the run lock, sets damaged
+            steps aside and applies retention. Arrays sharded over several processes'
+            devices are gathered for the save and placed back with the template's sharding
+            on restore.
+        log: where one-line messages go (a checkpoint that failed verification, an old one
+            that could not be deleted, a hand-over that blocked the loop for over a second);
+            None: nowhere. ``recover train`` passes its standard error.
+        lock_wait: seconds to wait for the run lock while another process holds it (the
+            training process of an earlier run on a node that hung may hold it until the
+            node is power-cycled); 0: fail at once with :class:`RunLockedError`.
     """
 
     def __init__(
@@ -136,9 +143,13 @@ class CheckpointManager:
         clock: Callable[[], float] = time.time,
         workers: int = 16,
         processes: Processes | None = None,
+        log: Callable[[str], None] | None = None,
+        lock_wait: float = 0.0,
     ) -> None:
         if keep_last is None and keep_every is not None:
             raise UsageError("keep_every needs keep_last (keep_last=None keeps everything)")
+        if lock_wait < 0:
+            raise UsageError(f"lock_wait must be >= 0 seconds (got {lock_wait})")
         retention = None
         if keep_last is not None:
             retention = RetentionPolicy(keep_last=keep_last, keep_every=keep_every)
@@ -154,9 +165,14 @@ class CheckpointManager:
         peers = None if processes is None else processes.group.channel("save")
         self._saver = AsyncCheckpointer(self._store, on_saved=self._saved, peers=peers)
         self._lock = RunLock(self.directory)
+        self._lock_wait = lock_wait
         self._locked = False
         self._writing = False
+        # step -> seconds the caller was blocked handing that save over; popped once durable
         self._blocked: dict[int, float] = {}
+        self._log: Callable[[str], None] = log if log is not None else _quiet
+        # (step, state digest) of the checkpoint this manager restored, for finalize()
+        self._restored_from: tuple[int, str] | None = None
 
     # --- writing -----------------------------------------------------------------------------
 
@@ -168,6 +184,9 @@ class CheckpointManager:
         Waits for the previous background save first (at most one in flight). An existing
         ``step_N`` is replaced only once the new one is durable; then retention deletes what
         it no longer keeps.
+
+        With several processes the metadata records their count as ``processes`` (unless
+        ``metadata`` names it): a restore by another count can tell.
 
         Returns:
             The durable save's result when saving synchronously; None when the save runs in
@@ -183,12 +202,43 @@ class CheckpointManager:
         t = time.perf_counter()
         self._saver.wait()
         host = pytree.flatten(state, private=self._async)
+        meta = dict(metadata or {})
+        if self.processes is not None:
+            meta.setdefault("processes", self.processes.size)
         # Checked here, not only on the saving thread: bad input is the caller's error now,
         # not a BackgroundSaveError at the next call.
-        commit.checked_input(step, host, self.run_config, dict(metadata or {}))
-        self._blocked[step] = time.perf_counter() - t
-        self._saver.save(step, host, run_config=self.run_config, metadata=metadata)
-        return None if self._async else self._saver.wait()
+        commit.checked_input(step, host, self.run_config, meta)
+        blocked = self._blocked[step] = time.perf_counter() - t
+        self._saver.save(step, host, run_config=self.run_config, metadata=meta)
+        if not self._async:
+            return self._saver.wait()
+        if blocked > 1.0:
+            self._log(f"recover: training blocked {blocked:.2f}s handing step {step} to the saver")
+        return None
+
+    def finalize(
+        self, step: int, state: Any, *, metadata: Mapping[str, Any] | None = None
+    ) -> str:
+        """Make ``state`` durable as checkpoint ``step`` and return its state digest: what a
+        loop does at its last step or before it exits for a preemption.
+
+        Waits for the save in flight; saves ``step`` (and waits for it) unless that save, or
+        the checkpoint this manager restored, is ``step`` already. With several processes
+        every process calls it at the same step.
+
+        Raises:
+            BackgroundSaveError: this save or the one before it failed.
+            UsageError: as :meth:`save`.
+        """
+        last = self._saver.wait()
+        if last is not None and last.step == step:
+            return last.state_digest
+        if self._restored_from is not None and self._restored_from[0] == step:
+            return self._restored_from[1]
+        self.save(step, state, metadata=metadata)
+        done = self._saver.wait()
+        assert done is not None, "a save that raised nothing has a result"
+        return done.state_digest
 
     def wait(self) -> SaveResult | None:
         """Block until no save is in flight; the newest save's result (None before any).
@@ -200,6 +250,7 @@ class CheckpointManager:
 
     def _saved(self, result: SaveResult) -> None:
         """On the saving thread, once ``result`` is durable."""
+        self._retention_errors(result.retention_errors)
         if self.events is not None:
             self.events.emit(
                 "checkpoint",
@@ -269,6 +320,9 @@ class CheckpointManager:
         lead = not self.read_only and self._lead
         skipped = []
         for bad, reason in result.fallbacks:
+            self._log(
+                f"recover: checkpoint step {bad} failed verification ({reason}); falling back"
+            )
             moved = self._store.set_aside(bad).name if lead else None
             skipped.append(Skipped(bad, reason, moved))
             if self.events is not None:
@@ -276,13 +330,20 @@ class CheckpointManager:
         if lead:
             # A run killed between a save and its retention left extra steps; trim them now
             # that the restored step is known to be intact.
-            self._store.apply_retention(newest_durable=result.loaded.step)
+            _, errors = self._store.apply_retention(newest_durable=result.loaded.step)
+            self._retention_errors(errors)
         return result.loaded, tuple(skipped)
+
+    def _retention_errors(self, errors: Sequence[str]) -> None:
+        """One line per old checkpoint that could not be deleted (the next save retries)."""
+        for error in errors:
+            self._log(f"recover: could not delete an old checkpoint ({error}); will retry later")
 
     def _restored(
         self, loaded: Loaded, state: T, skipped: tuple[Skipped, ...], t0: float
     ) -> Restored[T]:
         seconds = time.perf_counter() - t0
+        self._restored_from = (loaded.step, loaded.state_digest)
         if self.events is not None:
             self.events.emit(
                 "restored",
@@ -293,6 +354,8 @@ class CheckpointManager:
                 bytes=loaded.manifest.total_bytes,
                 restore_s=round(seconds, 6),
                 fallbacks=len(skipped),
+                saved_processes=int(loaded.manifest.metadata.get("processes", 1)),
+                source="checkpoint",
             )
         return Restored(
             step=loaded.step,
@@ -355,19 +418,43 @@ class CheckpointManager:
 
     # --- lifetime ----------------------------------------------------------------------------
 
-    def _writer(self) -> None:
-        """Become the run's one writer (once): take the lock, clear interrupted saves."""
+    def open(self) -> list[str]:
+        """Become the run's one writer now: take the run lock (waiting up to ``lock_wait``
+        seconds), remove what interrupted saves left, and with several processes wait until
+        process 0 has done so (a collective). The first save or restore does this by itself;
+        call it first to hold the lock before the run announces itself (the ``started``
+        event) and to know what was removed.
+
+        Returns:
+            The names of the leftovers removed (process 0's; [] on the others, and on any
+            call after the first).
+        Raises:
+            UsageError: a read-only manager.
+            RunLockedError: another process still holds the lock after ``lock_wait``.
+        """
         if self.read_only:
             raise UsageError(f"this CheckpointManager of {self.directory} is read-only")
         if self._writing:
-            return
-        self._writing = True
+            return []
+        removed: list[str] = []
         if self._lead:
-            self._lock.acquire()
+            self._lock.acquire(self._lock_wait, on_wait=self._waiting)
             self._locked = True
-            self._store.remove_leftovers()
+            removed = self._store.remove_leftovers()
+        self._writing = True
         if self.processes is not None:
             self.processes.barrier()  # nobody writes before the leftovers are gone
+        return removed
+
+    def _waiting(self, holder: str) -> None:
+        self._log(
+            f"the run lock is held by pid {holder} (a process of an earlier run, on a node "
+            f"that hung?); waiting up to {self._lock_wait:g} s for it"
+        )
+
+    def _writer(self) -> None:
+        """Become the run's one writer (once): :meth:`open`."""
+        self.open()
 
     @property
     def _lead(self) -> bool:
@@ -405,3 +492,7 @@ class CheckpointManager:
         except BackgroundSaveError as save_error:
             # Already failing: keep the first error, with the save's failure attached.
             exc.add_note(f"also: {save_error}")
+
+
+def _quiet(message: str) -> None:
+    """The default ``log``: messages go nowhere."""

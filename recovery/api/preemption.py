@@ -91,21 +91,19 @@ class Preemption:
     ) -> NoReturn:
         """Make ``state`` durable as ``step``, record ``preempted``, exit with status 75.
 
-        Waits for the save in flight; saves ``step`` unless that save was ``step`` already,
-        and waits for it. The ``preempted`` event goes to the manager's event log. With
-        several processes (the manager's ``processes``) every process must call it at the
-        same step (see :meth:`requested_by_any`); they then leave together (:func:`leave`
-        with 75) before exiting.
+        Waits for the save in flight; saves ``step`` unless that save, or the checkpoint the
+        manager restored, was ``step`` already, and waits for it
+        (:meth:`CheckpointManager.finalize`). The ``preempted`` event goes to the manager's
+        event log. With several processes (the manager's ``processes``) every process must
+        call it at the same step (see :meth:`requested_by_any`); they then leave together
+        (:func:`leave` with 75) before exiting.
 
         Raises:
             SystemExit: with :data:`EXIT_PREEMPTED`, once the checkpoint is durable.
             BackgroundSaveError: the save failed; the process must not report a clean
                 preemption then (the scheduler's requeue would resume an older step).
         """
-        last = manager.wait()
-        if last is None or last.step != step:
-            manager.save(step, state, metadata=metadata)
-            manager.wait()
+        manager.finalize(step, state, metadata=metadata)
         name = Signals(self._signal or SIGTERM).name
         if manager.events is not None:
             manager.events.emit("preempted", step=step, checkpoint_step=step, signal=name)

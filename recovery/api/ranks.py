@@ -25,7 +25,6 @@ from recovery.errors import PeerLostError, RecoverError
 from recovery.events import EventLog
 from recovery.multiproc import (
     EXIT_PEER_LOST,
-    Channel,
     Gathering,
     Group,
     PeerLost,
@@ -61,10 +60,6 @@ class Ranks:
     @property
     def size(self) -> int:
         return self.group.size
-
-    def saves(self) -> Channel:
-        """Collectives for the checkpoint thread."""
-        return self.group.channel("save")
 
 
 def start(

@@ -22,9 +22,10 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from recovery.api.manager import CheckpointManager
 from recovery.api.preemption import Preemption
-from recovery.api.ranks import StopVote, failing_together, finish, start
-from recovery.checkpoint import CheckpointStore, RetentionPolicy, RunLock
+from recovery.api.processes import Processes
+from recovery.api.ranks import Log, StopVote, failing_together, finish, start
 from recovery.contract.exits import EXIT_PREEMPTED
 from recovery.contract.workload import registered, workload_dir
 from recovery.errors import UsageError
@@ -41,9 +42,8 @@ from recovery.train.memory import (
     run_id,
 )
 from recovery.train.options import ResumeMode, TrainOptions, TrainOutcome, validate
-from recovery.train.restore import Restored, restore_or_init
+from recovery.train.restore import restore_or_init
 from recovery.train.run import Run
-from recovery.train.saving import Log, Saver
 
 if TYPE_CHECKING:
 
@@ -113,24 +113,42 @@ def _run(
             f"model {opts.model}'s batch of {spec.batch_size} does not divide over "
             f"{topology.size} processes; models whose batch does: {', '.join(fits) or 'none'}"
         )
-    ckpt_root = opts.run_dir / "checkpoints"
-    store = CheckpointStore(
-        ckpt_root,
-        clock=clock,
-        retention=RetentionPolicy(keep_last=opts.keep_last, keep_every=opts.keep_every),
-    )
     if topology.multi:
-        return _run_multi(opts, topology, spec, config, store, preemption, environ, clock, log)
-    with RunLock(ckpt_root).held(opts.lock_wait, on_wait=_waiting_for_lock(opts, log)):
-        leftovers = store.remove_leftovers()
-        events = EventLog(events_file(opts.run_dir), context=slurm_context(environ), clock=clock)
-        try:
+        return _run_multi(opts, topology, spec, config, preemption, environ, clock, log)
+    events = EventLog(events_file(opts.run_dir), context=slurm_context(environ), clock=clock)
+    try:
+        with _manager(opts, config, events, clock, log) as manager:
+            leftovers = manager.open()  # the run lock, before the run announces itself
             run = Run(
-                opts, spec, M.make_mesh(), config, store, events, log, preemption, environ=environ
-            )
+                opts, spec, M.make_mesh(), config, manager, events, log, preemption,
+                environ=environ,
+            )  # fmt: skip
             return _run_locked(run, leftovers)
-        finally:
-            events.close()
+    finally:
+        events.close()
+
+
+def _manager(
+    opts: TrainOptions,
+    config: dict[str, Any],
+    events: EventLog,
+    clock: Callable[[], float],
+    log: Log,
+    processes: Processes | None = None,
+) -> CheckpointManager:
+    """The run's checkpoints, through the library users' loops use (:mod:`recovery.api`)."""
+    return CheckpointManager(
+        opts.run_dir / "checkpoints",
+        run_config=config,
+        keep_last=opts.keep_last,
+        keep_every=opts.keep_every,
+        async_save=opts.async_save,
+        events=events,
+        clock=clock,
+        processes=processes,
+        log=log,
+        lock_wait=opts.lock_wait,
+    )
 
 
 def _run_multi(
@@ -138,7 +156,6 @@ def _run_multi(
     topology: Topology,
     spec: ModelSpec,
     config: dict[str, Any],
-    store: CheckpointStore,
     preemption: Preemption,
     environ: Mapping[str, str],
     clock: Callable[[], float],
@@ -154,17 +171,18 @@ def _run_multi(
         ranks = start(topology, events, log, environ=dict(environ))
         with failing_together(ranks):
             lead = topology.rank == 0
-            locked = RunLock(store.root).held(opts.lock_wait, on_wait=_waiting_for_lock(opts, log))
-            with locked if lead else nullcontext():
-                leftovers = store.remove_leftovers() if lead else []
+            processes = Processes(ranks, topology)
+            with _manager(opts, config, events, clock, log, processes) as manager:
+                # process 0 takes the lock and clears leftovers; nobody writes before that
+                leftovers = manager.open()
                 if lead and opts.memory_every:  # the copies' run id, before anyone reads it
-                    fresh = opts.resume is ResumeMode.never and not store.steps()
+                    fresh = opts.resume is ResumeMode.never and not manager.steps()
                     run_id(opts.run_dir, fresh=fresh)
-                ranks.group.barrier()  # nobody writes before the leftovers are gone
+                ranks.group.barrier()
                 mesh = M.make_mesh(topology.size)
                 memory = _memory_tier(opts, config, topology, environ, log)
                 run = Run(
-                    opts, spec, mesh, config, store, events, log, preemption, ranks, memory,
+                    opts, spec, mesh, config, manager, events, log, preemption, ranks, memory,
                     environ=environ,
                 )
                 with compile_cache.every_process_writes(topology.size):
@@ -199,16 +217,6 @@ def _memory_tier(
         processes=topology.size,
         on_error=failed,
     )
-
-
-def _waiting_for_lock(opts: TrainOptions, log: Log) -> Callable[[str], None]:
-    def say(holder: str) -> None:
-        log(
-            f"the run lock is held by pid {holder} (a process of an earlier run, on a node "
-            f"that hung?); waiting up to {opts.lock_wait:g} s for it"
-        )
-
-    return say
 
 
 def _run_locked(run: Run, leftovers: list[str]) -> TrainOutcome:
@@ -248,7 +256,7 @@ def _run_locked(run: Run, leftovers: list[str]) -> TrainOutcome:
         run.events.emit("completed", step=restored.step, state_digest=restored.digest, updates=0)
         return TrainOutcome(restored.step, restored.digest, preempted=False, updates=0)
     with registered(jax.default_backend(), workload_dir(run.environ)):
-        return _train(run, state, restored)
+        return _train(run, state)
 
 
 class _Programs(NamedTuple):
@@ -262,22 +270,12 @@ class _Programs(NamedTuple):
     """A step number as the batch function's argument."""
 
 
-def _train(run: Run, state: Any, restored: Restored | None) -> TrainOutcome:
+def _train(run: Run, state: Any) -> TrainOutcome:
     """Step from ``state`` to the final step or a preemption, then save and report."""
     step = int(state["step"])
     programs = _compile(run, state, step)
-    ranks = run.ranks
-    saver = Saver(
-        run.store,
-        run_config=run.config,
-        events=run.events,
-        log=run.log,
-        async_save=run.opts.async_save,
-        peers=None if ranks is None else ranks.saves(),
-    )
-    with saver.checkpointer:
-        state, step, updates, stopped_by = _steps(run, state, step, programs, saver)
-        digest = saver.final(step, state, restored=restored)
+    state, step, updates, stopped_by = _steps(run, state, step, programs)
+    digest = run.manager.finalize(step, state, metadata={"data_position": step})
     if stopped_by is not None and step < run.opts.steps:
         name = signal.Signals(stopped_by).name
         run.events.emit("preempted", step=step, checkpoint_step=step, signal=name, updates=updates)
@@ -318,10 +316,10 @@ def _compile(run: Run, state: Any, step: int) -> _Programs:
 
 
 def _steps(
-    run: Run, state: Any, step: int, programs: _Programs, saver: Saver
+    run: Run, state: Any, step: int, programs: _Programs
 ) -> tuple[Any, int, int, int | None]:
     """Update until the final step or a preemption signal, saving every ``save_every``
-    steps (not the final one: that is :meth:`Saver.final`'s). Returns
+    steps (not the final one: that is :meth:`CheckpointManager.finalize`'s). Returns
     ``(state, step, updates made, the signal that stopped the run or None)``.
 
     A single process stops at the first step boundary after its signal; several stop
@@ -355,7 +353,7 @@ def _steps(
         if step % progress_every == 0 or step == opts.steps:
             run.log(f"step {step}/{opts.steps} loss {loss_value:.4f} ({step_s * 1e3:.1f} ms/step)")
         if step % opts.save_every == 0 and step < opts.steps:
-            saver.periodic(step, state)
+            run.manager.save(step, state, metadata={"data_position": step})
         if memory is not None and copy_now and step < opts.steps:
             memory.copy(step, state)
         if opts.step_sleep:

@@ -7,13 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from recovery.api.manager import CheckpointManager
 from recovery.api.preemption import Preemption
-from recovery.api.ranks import Ranks
-from recovery.checkpoint import CheckpointStore
+from recovery.api.ranks import Log, Ranks
 from recovery.events import EventLog
 from recovery.train.memory import MemoryTier
 from recovery.train.options import TrainOptions
-from recovery.train.saving import Log
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -30,7 +29,8 @@ class Run:
     mesh: Mesh
     config: dict[str, Any]
     """The run configuration stored in (and checked against) every checkpoint."""
-    store: CheckpointStore
+    manager: CheckpointManager
+    """The run's checkpoints; this process is its writer (process 0 holds the lock)."""
     events: EventLog
     log: Log
     preemption: Preemption

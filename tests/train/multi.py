@@ -73,10 +73,12 @@ def launch(
     *extra: str,
     env: dict[str, str] | None = None,
     rank_env: list[dict[str, str]] | None = None,
+    command: list[str] | None = None,
 ) -> Job:
-    """Start K processes of ``recover train`` on this machine, process 0's rendezvous on a
-    free loopback port; each one's stderr goes to ``<run_dir>.rank<r>.log``. ``rank_env[r]``
-    adds to process r's environment (its node name, say)."""
+    """Start K processes of ``recover train`` (or of ``command``) on this machine, process
+    0's rendezvous on a free loopback port; each one's stderr goes to
+    ``<run_dir>.rank<r>.log``. ``rank_env[r]`` adds to process r's environment (its node
+    name, say)."""
     port = free_port()
     procs, logs = [], []
     for r in range(k):
@@ -93,7 +95,7 @@ def launch(
         with open(log, "ab") as err:
             procs.append(
                 subprocess.Popen(
-                    train_cmd(run_dir, steps, save_every, *extra),
+                    command or train_cmd(run_dir, steps, save_every, *extra),
                     env=penv,
                     stdout=subprocess.DEVNULL,
                     stderr=err,
