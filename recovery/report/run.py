@@ -9,7 +9,7 @@ is answered with its name, the place in it and the field that is wrong.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,6 +289,18 @@ def parse_incidents(doc: Any, where: str = INCIDENTS_FILE) -> tuple[Incident, ..
     return tuple(_incident(d, f"{where}: incident {i}") for i, d in enumerate(doc))
 
 
+def _event(doc: Any, line: int, where: str) -> Event:
+    f = _Fields(doc, where)
+    kind = f.text("event")
+    if kind not in EVENTS:
+        known = ", ".join(sorted(EVENTS))
+        raise RunDirError(f"{f.where}: unknown event {kind!r}. Known: {known}")
+    step = f.integer("step", optional=True)
+    if kind in ("step", "restored", "checkpoint") and step is None:
+        raise RunDirError(f"{f.where}: a {kind!r} event needs field 'step' (an integer)")
+    return Event(line=line, kind=kind, ts=f.number("ts"), step=step, data=f.doc)
+
+
 def parse_events(lines: Sequence[str], where: str = EVENTS_FILE) -> tuple[Event, ...]:
     """Events from the lines of ``events.jsonl``; a torn last line (no newline: its writer was
     killed mid-write) is skipped, as :func:`recovery.events.read_events` does.
@@ -305,16 +317,18 @@ def parse_events(lines: Sequence[str], where: str = EVENTS_FILE) -> tuple[Event,
             doc = json.loads(line)
         except json.JSONDecodeError as e:
             raise RunDirError(f"{where} line {n} is not valid JSON: {e}") from e
-        f = _Fields(doc, f"{where} line {n}")
-        kind = f.text("event")
-        if kind not in EVENTS:
-            known = ", ".join(sorted(EVENTS))
-            raise RunDirError(f"{f.where}: unknown event {kind!r}. Known: {known}")
-        step = f.integer("step", optional=True)
-        if kind in ("step", "restored", "checkpoint") and step is None:
-            raise RunDirError(f"{f.where}: a {kind!r} event needs field 'step' (an integer)")
-        events.append(Event(line=n, kind=kind, ts=f.number("ts"), step=step, data=f.doc))
+        events.append(_event(doc, n, f"{where} line {n}"))
     return tuple(events)
+
+
+def event_records(records: Iterable[Any], where: str = EVENTS_FILE) -> tuple[Event, ...]:
+    """Events from records already decoded (one JSON object per line, as
+    :func:`recovery.events.read_events` yields them), checked as :func:`parse_events` checks
+    lines; ``Event.line`` is the record's place, from 1.
+
+    Raises RunDirError naming the record and the field for a malformed one.
+    """
+    return tuple(_event(r, n, f"{where} record {n}") for n, r in enumerate(records, start=1))
 
 
 def parse_run(doc: Any, where: str = RUN_FILE) -> dict[str, Any]:
