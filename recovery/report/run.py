@@ -4,6 +4,9 @@
 The scenario runner writes these three files (the layout is in :mod:`recovery.report`);
 ``recover report DIR`` reads them again, so every field is checked here once and a broken file
 is answered with its name, the place in it and the field that is wrong.
+
+A run started by hand has only its event logs: :mod:`recovery.report.byhand` reads it into the
+same :class:`RunRecord`, and :func:`recovery.report.load.load_run` chooses between the two.
 """
 
 from __future__ import annotations
@@ -46,13 +49,21 @@ class Job:
     """The training job the run watched."""
 
     id: str
+    """Slurm's job id; ``""`` when not known (a run outside Slurm, without run.json)."""
     nodes: tuple[str, ...]
-    steps: int
-    save_every: int
+    steps: int | None
+    """The step it trains to; None when not known (no run.json, no ``target_steps``)."""
+    save_every: int | None
+    """Steps between checkpoints; None when not known (no run.json, no ``save_every``)."""
     model: str
     run_dir: str
     processes: int = 1
     """Training processes of the job, one per node (run.json before it: one)."""
+
+    @property
+    def label(self) -> str:
+        """``job <id>``, or ``job`` when the id is not known."""
+        return f"job {self.id}" if self.id else "job"
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,9 @@ class RunRecord:
     rank_events: tuple[tuple[Event, ...], ...] = ()
     """The events of processes 1..K-1 (``events.rank<r>.jsonl``), in rank order; a rank
     whose file is missing has none."""
+    missing: tuple[str, ...] = ()
+    """The scenario runner's files the directory lacks (:data:`RUN_FILE`,
+    :data:`INCIDENTS_FILE`): a run started by hand, read from its events."""
 
     @property
     def ranks(self) -> tuple[tuple[Event, ...], ...]:
@@ -203,7 +217,9 @@ class _Fields:
         return wall
 
 
-def _read_json(directory: Path, name: str) -> Any:
+def read_json(directory: Path, name: str) -> Any:
+    """The JSON document ``directory/name``; RunDirError names the file when it is missing,
+    unreadable or not JSON."""
     path = directory / name
     try:
         text = path.read_text(encoding="utf-8")
@@ -356,26 +372,24 @@ def parse_run(doc: Any, where: str = RUN_FILE) -> dict[str, Any]:
     }
 
 
-def load_run(directory: Path) -> RunRecord:
-    """Read a run directory (``run.json``, ``incidents.json``, ``events.jsonl``).
+def load_scenario_run(directory: Path) -> RunRecord:
+    """Read the scenario runner's run directory (``run.json``, ``incidents.json``,
+    ``events.jsonl``, and ``events.rank<r>.jsonl`` for the other processes).
 
     Raises:
         RunDirError: a file is missing, unreadable or malformed; the message names the file,
             the place in it (element, line) and the field.
     """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise RunDirError(f"{directory} is not a directory (give the run directory to report on)")
-    run = parse_run(_read_json(directory, RUN_FILE), str(directory / RUN_FILE))
+    run = parse_run(read_json(directory, RUN_FILE), str(directory / RUN_FILE))
     incidents = parse_incidents(
-        _read_json(directory, INCIDENTS_FILE), str(directory / INCIDENTS_FILE)
+        read_json(directory, INCIDENTS_FILE), str(directory / INCIDENTS_FILE)
     )
     path = directory / EVENTS_FILE
-    events = parse_events(_lines(path, required=True), str(path))
+    events = parse_events(read_lines(path, required=True), str(path))
     ranks = []
     for rank in range(1, run["job"].processes):
         other = directory / f"events.rank{rank}.jsonl"
-        ranks.append(parse_events(_lines(other, required=False), str(other)))
+        ranks.append(parse_events(read_lines(other, required=False), str(other)))
     return RunRecord(
         directory=directory,
         incidents=incidents,
@@ -385,7 +399,7 @@ def load_run(directory: Path) -> RunRecord:
     )
 
 
-def _lines(path: Path, *, required: bool) -> list[str]:
+def read_lines(path: Path, *, required: bool) -> list[str]:
     """The lines of an events file; [] for a missing one that is not ``required`` (a rank
     that never started writes none)."""
     try:
