@@ -46,17 +46,23 @@ def events_file(run_dir: Path, rank: int = 0) -> Path:
     return run_dir / (EVENTS_FILE if rank == 0 else f"events.rank{rank}.jsonl")
 
 
-def read_rank_events(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
-    """Every process's events in ``run_dir``, by rank (only the files that exist)."""
-    out: dict[int, list[dict[str, Any]]] = {}
+def event_files(run_dir: Path) -> dict[int, Path]:
+    """The event logs in ``run_dir``, by rank (those that exist): :func:`events_file`'s names
+    read back."""
+    out: dict[int, Path] = {}
     main = run_dir / EVENTS_FILE
     if main.exists():
-        out[0] = list(read_events(main))
-    for path in sorted(run_dir.glob("events.rank*.jsonl")):
+        out[0] = main
+    for path in run_dir.glob("events.rank*.jsonl"):
         rank = path.name[len("events.rank") : -len(".jsonl")]
-        if rank.isdigit():
-            out[int(rank)] = list(read_events(path))
+        if rank.isdigit() and int(rank) > 0:
+            out[int(rank)] = path
     return dict(sorted(out.items()))
+
+
+def read_rank_events(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """Every process's events in ``run_dir``, by rank (only the files that exist)."""
+    return {rank: list(read_events(path)) for rank, path in event_files(run_dir).items()}
 
 
 def slurm_context(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from recovery.report.goodput import goodput_ranks
 from recovery.report.model import ActionLine, IncidentReport, Report
 from recovery.report.phases import incident_phases, match_fault
 from recovery.report.processes import Process, split_processes
-from recovery.report.run import ActionEntry, Incident, RunRecord
+from recovery.report.restarts import restarts, steps_recomputed
+from recovery.report.run import INCIDENTS_FILE, RUN_FILE, ActionEntry, Incident, RunRecord
 
 
 def _slurm_reason(a: ActionEntry) -> str | None:
@@ -162,10 +163,31 @@ def _incident(
     )
 
 
+def _unknown(run: RunRecord) -> tuple[str, ...]:
+    """What the report cannot tell without the scenario runner's files, one sentence each."""
+    out = []
+    if RUN_FILE in run.missing:
+        out.append(
+            f"no {RUN_FILE} (the scenario runner's record): which faults were injected and "
+            "when, the cluster's nodes and spares, and an uninterrupted control run's digest "
+            "are not known; the run is taken from the job's first event to its last"
+        )
+    if INCIDENTS_FILE in run.missing:
+        out.append(
+            f"no {INCIDENTS_FILE} (the coordinator's journal): no incident is known, so what "
+            "stopped the job, detection, take-out, requeue wait and replacement cannot be "
+            "told; each restart is measured from the job's events alone, the time between "
+            "two runs of it as one gap"
+        )
+    return tuple(out)
+
+
 def build_report(run: RunRecord) -> Report:
     """The report of ``run``: per incident its phases (see :mod:`recovery.report.phases`),
-    over the run goodput and badput (see :mod:`recovery.report.goodput`). Never raises on a
-    well-formed record; what the record lacks shows as None with the reason."""
+    per restart what the events alone tell (see :mod:`recovery.report.restarts`), over the
+    run goodput and badput (see :mod:`recovery.report.goodput`). Never raises on a
+    well-formed record; what the record lacks shows as None with the reason, and what a run
+    without the runner's files cannot tell is in :attr:`Report.unknown`."""
     processes = split_processes(run.events)
     ranks = tuple(tuple(split_processes(e)) for e in run.ranks)
     incidents = tuple(
@@ -199,4 +221,8 @@ def build_report(run: RunRecord) -> Report:
         digest_match=digest_match,
         notes=run.notes,
         ranks=ranks,
+        restarts=restarts(processes),
+        steps_recomputed=steps_recomputed(processes),
+        missing=run.missing,
+        unknown=_unknown(run),
     )

@@ -9,7 +9,8 @@ from typing import Any
 
 from recovery.report.goodput import Goodput
 from recovery.report.processes import Fallback, Process
-from recovery.report.run import Fault, Job, PhaseMark
+from recovery.report.restarts import Restart
+from recovery.report.run import INCIDENTS_FILE, Fault, Job, PhaseMark
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,21 @@ class Report:
     ranks: tuple[tuple[Process, ...], ...] = ()
     """Every training process's runs, by rank (rank 0's are ``processes``); one entry for a
     one-process job."""
+    restarts: tuple[Restart, ...] = ()
+    """Every run of the job after its first (process 0's), measured from its events alone."""
+    steps_recomputed: int = 0
+    """Steps done again over the whole run: the restarts' summed (what a scenario's
+    ``max_steps_recomputed`` counts)."""
+    missing: tuple[str, ...] = ()
+    """The scenario runner's files the run directory lacks (a run started by hand)."""
+    unknown: tuple[str, ...] = ()
+    """What this report cannot tell for lack of those files, one sentence each."""
+
+    @property
+    def journal_known(self) -> bool:
+        """Whether the coordinator's journal (``incidents.json``) was there: without it no
+        incident is known, which is not the same as none having happened."""
+        return INCIDENTS_FILE not in self.missing
 
     @property
     def wall_s(self) -> float:

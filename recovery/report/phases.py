@@ -21,12 +21,13 @@ Pure: records in, numbers out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from recovery.model import PromoteSpare
 from recovery.ports.journal import PhaseName
 from recovery.report.processes import Fallback, Process
+from recovery.report.restarts import high_water, redo, redo_why, span
 from recovery.report.run import Fault, Incident, RunRecord
 
 #: The report's phases of every incident, in the order reports show them: spans between the
@@ -85,6 +86,8 @@ class _Restart:
     recomputed: int = 0
     caught_up: float | None = None
     progress: float | None = None
+    why: dict[str, str] = field(default_factory=dict)
+    """Why a phase it measures did not happen, for those that did not."""
 
 
 def match_fault(incident: Incident, faults: Sequence[Fault]) -> Fault | None:
@@ -110,64 +113,46 @@ def _fault_time(incident: Incident, run: RunRecord) -> tuple[float, str]:
     return incident.opened, "the incident's opening (no injection or observation recorded)"
 
 
-def _span(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else max(0.0, b - a)
-
-
 def _affects_job(incident: Incident, run: RunRecord) -> bool:
     return run.job.id in incident.jobs or incident.node in run.job.nodes
 
 
-def _spare(incident: Incident, why: dict[str, str]) -> tuple[str | None, float | None]:
+def _spare(incident: Incident) -> tuple[str | None, float | None, str | None]:
+    """The spare promoted for ``incident`` and when; else None, None and why none was."""
     promote = [a for a in incident.actions if a.kind == PromoteSpare.kind]
     promoted = incident.first(PhaseName.spare_promoted)
     if promoted is not None:
-        return promoted.detail or None, promoted.at
+        return promoted.detail or None, promoted.at, None
     if not promote:
-        why["replacement"] = f"verdict {incident.verdict} needs no spare: no promotion planned"
-    elif incident.first(PhaseName.no_spare) is not None:
+        return None, None, f"verdict {incident.verdict} needs no spare: no promotion planned"
+    if incident.first(PhaseName.no_spare) is not None:
         status = promote[0].status
-        why["replacement"] = f"the spare pool was empty; the promotion stayed {status}"
-    else:
-        a = promote[0]
-        why["replacement"] = f"the promotion is {a.status}: {a.detail or 'no detail'}"
-    return None, None
+        return None, None, f"the spare pool was empty; the promotion stayed {status}"
+    a = promote[0]
+    return None, None, f"the promotion is {a.status}: {a.detail or 'no detail'}"
 
 
-def _restart(
-    processes: Sequence[Process], fault_at: float, reason: str | None, why: dict[str, str]
-) -> _Restart:
+def _restart(processes: Sequence[Process], fault_at: float, reason: str | None) -> _Restart:
     """What the job did after the fault: the first process started after it, the step the
-    processes before it had reached, and how long the new one took to get back there.
-    ``reason``: why no restart is looked for (the job was not on the node), or None."""
+    processes before it had reached, and how long the new one took to get back there
+    (:func:`recovery.report.restarts.redo`). ``reason``: why no restart is looked for (the
+    job was not on the node), or None."""
     succ = None if reason else next((p for p in processes if p.started > fault_at), None)
-    until = succ.started if succ else float("inf")
-    before = [
-        s for p in processes[: succ.index if succ else None] for s in p.steps if s.ts <= until
-    ]
-    high = max((s.step for s in before), default=None)
-    last = max((s.ts for s in before if s.step == high), default=None)
     if succ is None:
+        high, last = high_water(processes)
         reason = reason or "the job did not start again after the fault before the run ended"
-        for name in ("requeue_wait", "job_restart", "restore", "warmup", "recompute"):
-            why[name] = reason
-        why["no_progress"] = reason
-        return _Restart(None, high, last)
-    if succ.restored_at is None:
-        why["restore"] = "the new process found no checkpoint and started from step 0"
-    target = high or 0
-    recomputed = max(0, target - (succ.restored_step or 0))
-    first = succ.first_step_start
-    reached = succ.step_at(target)
-    caught = first if recomputed == 0 else (reached.ts if reached else None)
-    beyond = succ.first_beyond(target)
-    if first is None:
-        why["warmup"] = why["recompute"] = "the new process made no update"
-    elif caught is None:
-        why["recompute"] = f"the new process never got back to step {target}"
-    if beyond is None:
-        why["no_progress"] = f"no update past step {target} after the restart"
-    return _Restart(succ, high, last, recomputed, caught, beyond.ts if beyond else None)
+        names = ("requeue_wait", "job_restart", "restore", "warmup", "recompute", "no_progress")
+        return _Restart(None, high, last, why=dict.fromkeys(names, reason))
+    r = redo(processes, succ.index)
+    return _Restart(
+        succ,
+        r.high_water_step,
+        r.last_before,
+        r.steps_recomputed,
+        r.caught_up,
+        r.progress,
+        why=redo_why(succ, r),
+    )
 
 
 def _stopped(ranks: Sequence[Sequence[Process]], fault_at: float) -> tuple[float | None, ...]:
@@ -195,16 +180,14 @@ def _stopped_alone(ranks: Sequence[Sequence[Process]], fault_at: float) -> bool:
 
 
 def _stall(
-    stopped: Sequence[float | None], fault_at: float, not_ours: str | None, why: dict[str, str]
-) -> float | None:
-    """When every process of the job had stopped after the fault; None (and why) if not."""
+    stopped: Sequence[float | None], not_ours: str | None
+) -> tuple[float | None, str | None]:
+    """When every process of the job had stopped after the fault; else None and why not."""
     if not_ours:
-        why["stall"] = not_ours
-        return None
+        return None, not_ours
     if not stopped or any(t is None for t in stopped):
-        why["stall"] = "the job's processes ran on to the end of the job (none was stopped)"
-        return None
-    return max(t for t in stopped if t is not None)
+        return None, "the job's processes ran on to the end of the job (none was stopped)"
+    return max(t for t in stopped if t is not None), None
 
 
 def incident_phases(
@@ -225,12 +208,17 @@ def incident_phases(
         why["take_out"] = f"verdict {incident.verdict} keeps {incident.node} in service"
     requeued = incident.first(PhaseName.jobs_requeued)
     running = incident.first(PhaseName.job_running)
-    spare, spare_at = _spare(incident, why)
+    spare, spare_at, no_spare = _spare(incident)
+    if no_spare is not None:
+        why["replacement"] = no_spare
     not_ours = None if _affects_job(incident, run) else f"no job of this run was on {incident.node}"
-    r = _restart(processes, fault_at, not_ours, why)
+    r = _restart(processes, fault_at, not_ours)
+    why.update(r.why)
     succ = r.process
     stopped = _stopped(ranks or (processes,), fault_at)
-    all_stopped = _stall(stopped, fault_at, not_ours, why)
+    all_stopped, no_stall = _stall(stopped, not_ours)
+    if no_stall is not None:
+        why["stall"] = no_stall
     started = succ.started if succ else None
     # Slurm running the job again as the coordinator saw it on a tick (else the requeue it
     # saw); never later than the process itself starting, which the tick may lag.
@@ -273,16 +261,16 @@ def incident_phases(
         "progress": r.progress,
     }
     phases: dict[str, float | None] = {
-        "detection": _span(fault_at, decided),
-        "stall": _span(fault_at, all_stopped),
-        "take_out": _span(decided, node_out),
-        "requeue_wait": _span(gate, requeue_end) if succ is not None else None,
-        "replacement": _span(fault_at, spare_at),
-        "job_restart": _span(requeue_end if requeue_end is not None else gate, started),
-        "restore": _span(started, restored),
-        "warmup": _span(restored if restored is not None else started, first),
-        "recompute": _span(first, r.caught_up),
-        "no_progress": _span(r.last_before if r.last_before is not None else fault_at, r.progress),
+        "detection": span(fault_at, decided),
+        "stall": span(fault_at, all_stopped),
+        "take_out": span(decided, node_out),
+        "requeue_wait": span(gate, requeue_end) if succ is not None else None,
+        "replacement": span(fault_at, spare_at),
+        "job_restart": span(requeue_end if requeue_end is not None else gate, started),
+        "restore": span(started, restored),
+        "warmup": span(restored if restored is not None else started, first),
+        "recompute": span(first, r.caught_up),
+        "no_progress": span(r.last_before if r.last_before is not None else fault_at, r.progress),
     }
     return IncidentPhases(
         phases=phases,

@@ -4,12 +4,15 @@
 The scenario runner writes these three files (the layout is in :mod:`recovery.report`);
 ``recover report DIR`` reads them again, so every field is checked here once and a broken file
 is answered with its name, the place in it and the field that is wrong.
+
+A run started by hand has only its event logs: :mod:`recovery.report.byhand` reads it into the
+same :class:`RunRecord`, and :func:`recovery.report.load.load_run` chooses between the two.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,13 +49,21 @@ class Job:
     """The training job the run watched."""
 
     id: str
+    """Slurm's job id; ``""`` when not known (a run outside Slurm, without run.json)."""
     nodes: tuple[str, ...]
-    steps: int
-    save_every: int
+    steps: int | None
+    """The step it trains to; None when not known (no run.json, no ``target_steps``)."""
+    save_every: int | None
+    """Steps between checkpoints; None when not known (no run.json, no ``save_every``)."""
     model: str
     run_dir: str
     processes: int = 1
     """Training processes of the job, one per node (run.json before it: one)."""
+
+    @property
+    def label(self) -> str:
+        """``job <id>``, or ``job`` when the id is not known."""
+        return f"job {self.id}" if self.id else "job"
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,9 @@ class RunRecord:
     rank_events: tuple[tuple[Event, ...], ...] = ()
     """The events of processes 1..K-1 (``events.rank<r>.jsonl``), in rank order; a rank
     whose file is missing has none."""
+    missing: tuple[str, ...] = ()
+    """The scenario runner's files the directory lacks (:data:`RUN_FILE`,
+    :data:`INCIDENTS_FILE`): a run started by hand, read from its events."""
 
     @property
     def ranks(self) -> tuple[tuple[Event, ...], ...]:
@@ -203,7 +217,9 @@ class _Fields:
         return wall
 
 
-def _read_json(directory: Path, name: str) -> Any:
+def read_json(directory: Path, name: str) -> Any:
+    """The JSON document ``directory/name``; RunDirError names the file when it is missing,
+    unreadable or not JSON."""
     path = directory / name
     try:
         text = path.read_text(encoding="utf-8")
@@ -289,6 +305,18 @@ def parse_incidents(doc: Any, where: str = INCIDENTS_FILE) -> tuple[Incident, ..
     return tuple(_incident(d, f"{where}: incident {i}") for i, d in enumerate(doc))
 
 
+def _event(doc: Any, line: int, where: str) -> Event:
+    f = _Fields(doc, where)
+    kind = f.text("event")
+    if kind not in EVENTS:
+        known = ", ".join(sorted(EVENTS))
+        raise RunDirError(f"{f.where}: unknown event {kind!r}. Known: {known}")
+    step = f.integer("step", optional=True)
+    if kind in ("step", "restored", "checkpoint") and step is None:
+        raise RunDirError(f"{f.where}: a {kind!r} event needs field 'step' (an integer)")
+    return Event(line=line, kind=kind, ts=f.number("ts"), step=step, data=f.doc)
+
+
 def parse_events(lines: Sequence[str], where: str = EVENTS_FILE) -> tuple[Event, ...]:
     """Events from the lines of ``events.jsonl``; a torn last line (no newline: its writer was
     killed mid-write) is skipped, as :func:`recovery.events.read_events` does.
@@ -305,16 +333,18 @@ def parse_events(lines: Sequence[str], where: str = EVENTS_FILE) -> tuple[Event,
             doc = json.loads(line)
         except json.JSONDecodeError as e:
             raise RunDirError(f"{where} line {n} is not valid JSON: {e}") from e
-        f = _Fields(doc, f"{where} line {n}")
-        kind = f.text("event")
-        if kind not in EVENTS:
-            known = ", ".join(sorted(EVENTS))
-            raise RunDirError(f"{f.where}: unknown event {kind!r}. Known: {known}")
-        step = f.integer("step", optional=True)
-        if kind in ("step", "restored", "checkpoint") and step is None:
-            raise RunDirError(f"{f.where}: a {kind!r} event needs field 'step' (an integer)")
-        events.append(Event(line=n, kind=kind, ts=f.number("ts"), step=step, data=f.doc))
+        events.append(_event(doc, n, f"{where} line {n}"))
     return tuple(events)
+
+
+def event_records(records: Iterable[Any], where: str = EVENTS_FILE) -> tuple[Event, ...]:
+    """Events from records already decoded (one JSON object per line, as
+    :func:`recovery.events.read_events` yields them), checked as :func:`parse_events` checks
+    lines; ``Event.line`` is the record's place, from 1.
+
+    Raises RunDirError naming the record and the field for a malformed one.
+    """
+    return tuple(_event(r, n, f"{where} record {n}") for n, r in enumerate(records, start=1))
 
 
 def parse_run(doc: Any, where: str = RUN_FILE) -> dict[str, Any]:
@@ -342,26 +372,24 @@ def parse_run(doc: Any, where: str = RUN_FILE) -> dict[str, Any]:
     }
 
 
-def load_run(directory: Path) -> RunRecord:
-    """Read a run directory (``run.json``, ``incidents.json``, ``events.jsonl``).
+def load_scenario_run(directory: Path) -> RunRecord:
+    """Read the scenario runner's run directory (``run.json``, ``incidents.json``,
+    ``events.jsonl``, and ``events.rank<r>.jsonl`` for the other processes).
 
     Raises:
         RunDirError: a file is missing, unreadable or malformed; the message names the file,
             the place in it (element, line) and the field.
     """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise RunDirError(f"{directory} is not a directory (give the run directory to report on)")
-    run = parse_run(_read_json(directory, RUN_FILE), str(directory / RUN_FILE))
+    run = parse_run(read_json(directory, RUN_FILE), str(directory / RUN_FILE))
     incidents = parse_incidents(
-        _read_json(directory, INCIDENTS_FILE), str(directory / INCIDENTS_FILE)
+        read_json(directory, INCIDENTS_FILE), str(directory / INCIDENTS_FILE)
     )
     path = directory / EVENTS_FILE
-    events = parse_events(_lines(path, required=True), str(path))
+    events = parse_events(read_lines(path, required=True), str(path))
     ranks = []
     for rank in range(1, run["job"].processes):
         other = directory / f"events.rank{rank}.jsonl"
-        ranks.append(parse_events(_lines(other, required=False), str(other)))
+        ranks.append(parse_events(read_lines(other, required=False), str(other)))
     return RunRecord(
         directory=directory,
         incidents=incidents,
@@ -371,7 +399,7 @@ def load_run(directory: Path) -> RunRecord:
     )
 
 
-def _lines(path: Path, *, required: bool) -> list[str]:
+def read_lines(path: Path, *, required: bool) -> list[str]:
     """The lines of an events file; [] for a missing one that is not ``required`` (a rank
     that never started writes none)."""
     try:

@@ -8,7 +8,17 @@ from collections.abc import Sequence
 
 from recovery.ports.journal import PhaseName
 from recovery.report.model import IncidentReport, Report
-from recovery.report.table import goodput_rows, headline, offset, phase_rows, seconds
+from recovery.report.table import (
+    events_line,
+    goodput_rows,
+    headline,
+    job_title,
+    offset,
+    phase_rows,
+    restart_headline,
+    restart_rows,
+    seconds,
+)
 
 #: What a node left out of service needs before it may go back, by fault family.
 _REPAIR_HINTS = {
@@ -36,11 +46,12 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[
 
 
 def _happened(report: Report, inc: IncidentReport) -> list[str]:
-    at = f", at step {inc.step_at_fault} of {report.job.steps}" if inc.step_at_fault else ""
+    of = f" of {report.job.steps}" if report.job.steps is not None else ""
+    at = f", at step {inc.step_at_fault}{of}" if inc.step_at_fault else ""
+    on = f" on {', '.join(report.job.nodes)}" if report.job.nodes else ""
     lines = [
         f"- **{_utc(inc.fault_at)}**: fault **{inc.fault}** on **{inc.node}** "
-        f"({inc.fault_source}){at}, while job {report.job.id} ran on "
-        f"{', '.join(report.job.nodes)}.",
+        f"({inc.fault_source}){at}, while {report.job.label} ran{on}.",
         f"- The coordinator decided **{inc.verdict}** {seconds(inc.phases['detection'])} later: "
         f"{inc.decision or 'no reason recorded'}.",
     ]
@@ -164,13 +175,16 @@ def render_markdown(report: Report, png_name: str | None = "timeline.png") -> st
     """The runbook entry for ``report``; ``png_name`` is embedded as the timeline image."""
     g = report.goodput
     out = [
-        f"# Incident report: {report.scenario}",
+        f"# Incident report: {report.scenario}"
+        if report.scenario
+        else "# Run report: a run started by hand",
         "",
-        f"Run `{report.directory}`: job {report.job.id} ({report.job.model}, "
-        f"{report.job.steps} steps, checkpoint every {report.job.save_every}) from "
+        f"Run `{report.directory}`: {job_title(report)} from "
         f"{_utc(report.started)} for {report.wall_s:.2f} s; "
         + ("it completed." if report.completed else "it did **not** complete."),
     ]
+    if report.missing:
+        out.append(f"From the job's events: {events_line(report)}.")
     if report.digest_match is not None:
         out.append(
             "The final state is bit-for-bit equal to an uninterrupted control run."
@@ -180,7 +194,9 @@ def render_markdown(report: Report, png_name: str | None = "timeline.png") -> st
         )
     if png_name:
         out += ["", f"![timeline]({png_name})"]
-    if not report.incidents:
+    if not report.journal_known:
+        out += ["", "Incidents are not known: there is no journal (incidents.json)."]
+    elif not report.incidents:
         out += ["", "No incident was opened during this run."]
     for f in report.unmatched_faults:
         out += [
@@ -196,6 +212,15 @@ def render_markdown(report: Report, png_name: str | None = "timeline.png") -> st
         out += ["### What the toolkit did", "", *_did(inc), ""]
         out += ["### What it cost", "", *_cost(inc), ""]
         out += ["### What to check next", "", *_next_steps(report, inc)]
+    if not report.journal_known and report.restarts:
+        out += ["", "## Restarts (from the job's events)"]
+        for r in report.restarts:
+            out += ["", f"{restart_headline(r)}.", ""]
+            out += _md_table(("phase", "time", "ends (from the run before stopping)", "spans"),
+                             restart_rows(r))  # fmt: skip
+    if report.unknown:
+        out += ["", "## What this report cannot tell", ""]
+        out += [f"- {u[0].upper()}{u[1:]}." for u in report.unknown]
     out += ["", "## Goodput over the run", ""]
     out += [
         f"Goodput {100 * g.goodput:.1f}%: {g.productive_s:.2f} s of {g.wall_s:.2f} s went to "

@@ -8,6 +8,7 @@ from typing import Any
 from recovery.report.goodput import Goodput
 from recovery.report.model import IncidentReport, Report
 from recovery.report.phases import PHASES
+from recovery.report.restarts import RESTART_PHASES, Restart
 
 #: Badput buckets as people read them.
 BUCKET_NAMES = {
@@ -124,18 +125,121 @@ def goodput_rows(g: Goodput) -> list[tuple[str, str, str]]:
     return rows
 
 
+def job_title(report: Report) -> str:
+    """``job 1 (mlp-small, 30 steps, checkpoint every 5)``, leaving out what is not known."""
+    job = report.job
+    terms = [
+        job.model,
+        f"{job.steps} steps" if job.steps is not None else "",
+        f"checkpoint every {job.save_every}" if job.save_every is not None else "",
+    ]
+    what = ", ".join(t for t in terms if t)
+    return job.label + (f" ({what})" if what else "")
+
+
+def job_line(report: Report) -> str:
+    """:func:`job_title` and the nodes it ran on, when known."""
+    nodes = report.job.nodes
+    return job_title(report) + (f" on {','.join(nodes)}" if nodes else "")
+
+
+def events_line(report: Report) -> str:
+    """What the job's events tell over the run, in one line: its runs, restores,
+    checkpoints and steps recomputed."""
+    restored = [p.restored_step for p in report.processes if p.restored_step is not None]
+    fallbacks = sum(len(p.fallbacks) for p in report.processes)
+    saved = [c.step for p in report.processes for c in p.checkpoints]
+    return (
+        f"{len(report.processes)} run(s) of the job, {len(report.restarts)} restart(s); "
+        + (f"restored step(s) {', '.join(map(str, restored))}" if restored else "no restore")
+        + (f", {fallbacks} damaged checkpoint(s) skipped" if fallbacks else "")
+        + f"; {len(saved)} checkpoint(s)"
+        + (f", the last at step {saved[-1]}" if saved else "")
+        + f"; {report.steps_recomputed} step(s) recomputed"
+        + (f"; reached step {report.final_step}" if report.final_step is not None else "")
+    )
+
+
+def restart_spans(r: Restart) -> dict[str, str]:
+    """What each of a restart's phases runs between."""
+    restored = f"restored step {r.restored_step}" if r.restored_step is not None else "no restore"
+    fallbacks = f", {len(r.fallbacks)} fallback(s)" if r.fallbacks else ""
+    high = r.high_water_step if r.high_water_step is not None else 0
+    return {
+        "gap": f"run {r.index - 1} {r.before} (its last event) -> run {r.index} started",
+        "restore": f"started -> {restored}{fallbacks}",
+        "warmup": "restored -> first update begins (compile)",
+        "recompute": f"redo {r.steps_recomputed} step(s) up to step {high}",
+        "no_progress": f"last update before the restart (step {high}) -> first one past it",
+    }
+
+
+#: The mark (:attr:`Restart.marks`) each restart phase ends at.
+RESTART_ENDS = {
+    "gap": "started",
+    "restore": "restored",
+    "warmup": "first_step",
+    "recompute": "caught_up",
+    "no_progress": "progress",
+}
+
+
+def restart_rows(r: Restart) -> list[tuple[str, str, str, str]]:
+    """``(phase, seconds, end from the run before stopping, what it spans or why not)``."""
+    what = restart_spans(r)
+    stopped = r.marks["stopped"]
+
+    def ends(name: str) -> str:
+        at = r.marks.get(RESTART_ENDS[name])
+        return "-" if at is None or r.phases[name] is None else f"{at - stopped:+.2f} s"
+
+    return [
+        (
+            name,
+            seconds(r.phases[name]),
+            ends(name),
+            what[name] if r.phases[name] is not None else f"n/a: {r.why.get(name, '')}",
+        )
+        for name in RESTART_PHASES
+    ]
+
+
+def restart_headline(r: Restart) -> str:
+    """A restart in one line: where it took up, what it redid."""
+    on = f" on {r.node}" if r.node else ""
+    took = (
+        f"restored step {r.restored_step}"
+        if r.restored_step is not None
+        else "started from step 0 (no checkpoint)"
+    )
+    high = r.high_water_step if r.high_water_step is not None else 0
+    return (
+        f"restart {r.index}{on}, after run {r.index - 1} {r.before}: {took}; step {high} "
+        f"had been reached, {r.steps_recomputed} step(s) recomputed"
+    )
+
+
 def render_table(report: Report, png: str | None = None) -> str:
     """The text ``recover report DIR`` prints: per incident each phase and lost progress
-    against replacement time, then goodput and badput, then the timeline's path."""
-    job = report.job
+    against replacement time, then goodput and badput, then the timeline's path. For a run
+    started by hand: what its events tell, each restart's phases, and what cannot be known
+    without the scenario runner's files."""
+    head = (
+        f"run {report.scenario}: {report.directory}"
+        if report.scenario
+        else f"run started by hand: {report.directory}"
+    )
     lines = [
-        f"run {report.scenario}: {report.directory}",
-        f"job {job.id} ({job.model}, {job.steps} steps, checkpoint every {job.save_every}) on "
-        f"{','.join(job.nodes)}; wall {report.wall_s:.2f} s; "
+        head,
+        f"{job_line(report)}; wall {report.wall_s:.2f} s; "
         + ("completed" if report.completed else "did NOT complete")
         + _digest(report),
     ]
-    if not report.incidents:
+    if report.missing:
+        lines.append(events_line(report))
+    if not report.journal_known:
+        lines.append("incidents: not known (no journal)")
+    elif not report.incidents:
         lines.append("no incident")
     for inc in report.incidents:
         at = f" at step {inc.step_at_fault}" if inc.step_at_fault is not None else ""
@@ -147,8 +251,18 @@ def render_table(report: Report, png: str | None = None) -> str:
             headline(inc),
             *(f"note: {n}" for n in inc.notes),
         ]
+    if not report.journal_known:
+        for r in report.restarts:
+            lines += [
+                "",
+                restart_headline(r),
+                table(("PHASE", "TIME", "ENDS", "SPANS"), restart_rows(r), right=(1, 2)),
+            ]
     for f in report.unmatched_faults:
         lines += ["", f"fault {f.fault} injected on {f.node} via {f.via}: NO incident opened"]
+    if report.unknown:
+        lines += ["", "not known without the scenario runner's files:"]
+        lines += [f"- {u}" for u in report.unknown]
     lines += [
         "",
         f"goodput {100 * report.goodput.goodput:.1f}% of {report.goodput.wall_s:.2f} s"

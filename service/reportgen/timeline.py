@@ -118,7 +118,7 @@ def _phase_bars(inc: IncidentReport, job: str, end: float) -> list[_Bar]:
 
 
 def _bars(report: Report) -> list[_Bar]:
-    job = f"job {report.job.id}"
+    job = report.job.label
     bars: list[_Bar] = []
     restarted = {p.index for p in report.processes[1:]} & {
         i.successor_index for i in report.incidents if i.successor_index is not None
@@ -334,15 +334,22 @@ def _shade_no_progress(ax: Axes, inc: IncidentReport, t0: float) -> None:
 
 
 def _title(report: Report) -> str:
+    name = report.scenario or "run started by hand"
+    if not report.journal_known:
+        return (
+            f"{name}: {len(report.restarts)} restart(s), "
+            f"{report.steps_recomputed} step(s) redone ({report.job.label}, "
+            f"{report.wall_s:.1f} s; no journal: from the job's events)"
+        )
     if not report.incidents:
-        return f"{report.scenario}: no incident (job {report.job.id}, {report.wall_s:.1f} s)"
+        return f"{name}: no incident ({report.job.label}, {report.wall_s:.1f} s)"
     inc = report.incidents[0]
     where = f"{inc.fault} on {inc.node}"
     if inc.recovery_s is None:
         why = inc.why.get("replacement") or inc.why.get("warmup", "")
         return f"{where}: the job did not train again before the run ended ({why})"
     if report.scenario != inc.fault:
-        where = f"{report.scenario}: {where}"
+        where = f"{name}: {where}"
     if len(report.incidents) > 1:
         where += f" (+{len(report.incidents) - 1} more incident(s))"
     again = seconds(inc.recovery_s) if inc.recovery_s is not None else "never"
@@ -385,7 +392,7 @@ def render_png(report: Report, *, dpi: int = 110) -> bytes:
     steps_ax = fig.add_subplot(grid[1, 0], sharex=lanes_ax)
     t0 = report.incidents[0].fault_at if report.incidents else report.started
     bars = _bars(report)
-    labels = _draw_lanes(lanes_ax, bars, _lanes(bars) or [f"job {report.job.id}"], t0)
+    labels = _draw_lanes(lanes_ax, bars, _lanes(bars) or [report.job.label], t0)
     _draw_steps(steps_ax, report, t0)
     for inc in report.incidents:
         _shade_no_progress(steps_ax, inc, t0)
@@ -434,7 +441,7 @@ def render_modes_png(runs: Sequence[tuple[str, Report]], *, dpi: int = 110) -> b
         t0 = report.incidents[0].fault_at if report.incidents else report.started
         bars = _bars(report)
         kinds += [b.kind for b in bars]
-        labels = _draw_lanes(ax, bars, _lanes(bars) or [f"job {report.job.id}"], t0)
+        labels = _draw_lanes(ax, bars, _lanes(bars) or [report.job.label], t0)
         fitted.append((ax, labels))
         ax.axvline(0, color="#d62728", linestyle="--", linewidth=1.2)
         ax.tick_params(labelbottom=False)

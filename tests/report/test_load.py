@@ -24,8 +24,9 @@ def test_every_sample_loads(name: str) -> None:
         assert [p.at for p in inc.phases] == sorted(p["at"]["wall"] for p in doc["phases"])
 
 
-@pytest.mark.parametrize("missing", ["run.json", "incidents.json", "events.jsonl"])
-def test_a_missing_file_is_named(tmp_path: Path, missing: str) -> None:
+# Without run.json the directory is read as a run started by hand (tests/report/test_by_hand.py).
+@pytest.mark.parametrize("missing", ["incidents.json", "events.jsonl"])
+def test_a_missing_file_of_a_scenario_run_is_named(tmp_path: Path, missing: str) -> None:
     run_dir = copy_sample("xid79-spare", tmp_path)
     (run_dir / missing).unlink()
     with pytest.raises(RunDirError, match=rf"{missing} is missing"):

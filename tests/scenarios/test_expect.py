@@ -18,8 +18,19 @@ DIGEST = "ab" * 16
 SAMPLES = Path(__file__).parents[1] / "report" / "samples"
 
 
-def _events(*spec: tuple[str, int]) -> list[dict[str, Any]]:
-    return [{"event": kind, "step": step} for kind, step in spec]
+def _events(*spec: tuple[str, int | None]) -> list[dict[str, Any]]:
+    """Event records as a loop writes them, one second apart."""
+    return [{"event": kind, "ts": float(t), "step": step} for t, (kind, step) in enumerate(spec)]
+
+
+#: Three processes: the second resumes from step 2 after reaching 3 (fell back from a damaged
+#: 4), the third starts over from 0 after reaching 4. With and without the optional warmup.
+RESTARTS = (
+    ("started", None), ("warmup", 0), ("step", 1), ("step", 2), ("step", 3), ("checkpoint", 2),
+    ("started", None), ("fallback", 4), ("restored", 2), ("warmup", 2), ("step", 3), ("step", 4),
+    ("started", None), ("warmup", 0), ("step", 1),
+)  # fmt: skip
+NO_WARMUP = tuple(e for e in RESTARTS if e[0] != "warmup")
 
 
 def _incident(iid: str, verdict: str, *phases: str) -> dict[str, Any]:
@@ -49,15 +60,31 @@ def _by_name(checks: list[Check]) -> dict[str, Check]:
 
 
 def test_progress_counts_each_restart_from_the_step_it_resumed() -> None:
-    events = _events(
-        ("warmup", 0), ("step", 1), ("step", 2), ("step", 3), ("checkpoint", 2),
-        ("warmup", 2), ("step", 3), ("fallback", 4), ("restored", 2), ("step", 4),
-        ("warmup", 0), ("step", 1),
-    )  # fmt: skip
-    p = progress(events)
+    p = progress(_events(*RESTARTS))
     # 3 -> resumed at 2: 1 step; then furthest 4 -> restarted at 0: 4 steps.
     assert (p.steps_recomputed, p.fallbacks, p.restored_steps) == (5, 1, (2,))
-    assert progress(_events(("warmup", 0), ("step", 1))) == Progress(0, 0, ())
+    assert progress(_events(("started", None), ("warmup", 0), ("step", 1))) == Progress(0, 0, ())
+
+
+def test_a_loop_without_warmup_events_counts_the_same_and_fails_the_expectation() -> None:
+    assert progress(_events(*NO_WARMUP)) == progress(_events(*RESTARTS))
+    for spec in (NO_WARMUP, RESTARTS):
+        out = _outcome(progress=progress(_events(*spec)))
+        got = _by_name(check(Expectations(max_steps_recomputed=4), out))
+        assert got["max_steps_recomputed"] == Check(
+            "max_steps_recomputed", False, "5 steps recomputed, at most 4 allowed (1 over)"
+        )
+
+
+def test_a_malformed_event_log_fails_the_lost_progress_checks_with_the_reason() -> None:
+    p = progress([*_events(("started", None), ("step", 1)), {"event": "step", "ts": 2.0}])
+    assert p.error == (
+        "the job's events.jsonl record 3: a 'step' event needs field 'step' (an integer)"
+    )
+    got = _by_name(check(Expectations(max_steps_recomputed=4, min_fallbacks=0),
+                         _outcome(progress=p)))  # fmt: skip
+    for name in ("max_steps_recomputed", "min_fallbacks"):
+        assert got[name] == Check(name, False, f"not counted: {p.error}")
 
 
 def test_a_run_that_did_what_was_expected_passes_every_check() -> None:

@@ -1,0 +1,27 @@
+"""``load_run``: any run directory, the scenario runner's or one left by a run started by
+hand, read into one :class:`~recovery.report.run.RunRecord`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recovery.report.byhand import load_hand_run
+from recovery.report.run import RUN_FILE, RunDirError, RunRecord, load_scenario_run
+
+
+def load_run(directory: Path) -> RunRecord:
+    """Read the run in ``directory``: with ``run.json``, the scenario runner's three files
+    (:func:`~recovery.report.run.load_scenario_run`); without it, the event logs of a run
+    started by hand (:func:`~recovery.report.byhand.load_hand_run`).
+
+    Raises:
+        RunDirError: ``directory`` is not a directory; a file is missing, unreadable or
+            malformed (the message names the file, the place in it and the field); there is
+            no event log at all (the message names the files expected).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise RunDirError(f"{directory} is not a directory (give the run directory to report on)")
+    if (directory / RUN_FILE).exists():
+        return load_scenario_run(directory)
+    return load_hand_run(directory)
