@@ -13,9 +13,13 @@ cd "$(dirname "$0")/.."
 # without them the Slurm tier would be skipped rather than run.
 export PATH="$PATH:/usr/sbin:/sbin"
 workers="${RECOVER_TEST_WORKERS:-3}"
-if [[ "$workers" == 0 ]]; then
-  exec .venv/bin/python -m pytest "$@"
-fi
 # Plain load balancing: what several workers' tests share (the control-run cache, the one
 # demo run) is shared through files, not by pinning tests to a worker.
-exec .venv/bin/python -m pytest -n "$workers" "$@"
+parallel=(-n "$workers")
+[[ "$workers" == 0 ]] && parallel=()
+start=$SECONDS
+status=0
+.venv/bin/python -m pytest "${parallel[@]}" "$@" || status=$?
+# The suite has a time budget (README, "Tests"): say what this run took.
+echo "test.sh: $((SECONDS - start)) s (pytest exit $status)"
+exit "$status"

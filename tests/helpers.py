@@ -5,7 +5,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
+
+#: ``recover`` as this interpreter runs it (no console script needed on the PATH).
+RECOVER = [sys.executable, "-m", "recover"]
+#: The ``recover`` console script beside this interpreter: what the local cluster's batch
+#: scripts run on the nodes.
+RECOVER_SCRIPT = str(Path(sys.executable).parent / "recover")
 
 
 def kill_and_drain(proc: subprocess.Popen[str]) -> tuple[str, str]:
@@ -56,3 +64,34 @@ class CrashingOs:
             return real(*args, **kwargs)
 
         return call
+
+
+def submit_train(
+    ctl: Any,
+    job_dir: Path,
+    name: str,
+    args: list[str],
+    *,
+    nodes: int = 1,
+    processes: int = 1,
+    spares: int = 0,
+    signal_lead_s: int | None = None,
+    sbatch: tuple[str, ...] = (),
+) -> tuple[str, Path]:
+    """Submit ``recover train --run-dir JOB_DIR/NAME ARGS`` as a training job on ``nodes``
+    nodes (``processes`` of them train, ``spares`` wait), its output and working directory in
+    ``job_dir``; returns the job id and the run directory."""
+    from slurm.sbatch import DEFAULT_SIGNAL_LEAD_S, submit_training
+
+    run = job_dir / name
+    job_id = submit_training(
+        ctl,
+        [RECOVER_SCRIPT, "train", "--run-dir", str(run), *args],
+        sbatch_args=[
+            f"--nodes={nodes}", f"--output={job_dir}/{name}-%j.out", f"--chdir={job_dir}", *sbatch
+        ],
+        processes=processes,
+        spares=spares,
+        signal_lead_s=DEFAULT_SIGNAL_LEAD_S if signal_lead_s is None else signal_lead_s,
+    )  # fmt: skip
+    return job_id, run

@@ -23,8 +23,9 @@ import pytest
 from recovery.checkpoint import format as fmt
 from recovery.contract.exits import EXIT_PREEMPTED
 from recovery.events import read_events
+from tests.helpers import RECOVER
 from tests.train import multi
-from tests.train.conftest import RECOVER, wait_for
+from tests.train.conftest import wait_for
 
 USER_LOOP = Path(__file__).resolve().parent / "user_loop.py"
 TRAINERS = ("recover-train", "user-loop")

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +16,7 @@ from recovery import proc, statedir
 from recovery.model import HealthEvent, Source
 from service.daemons import coordinator as coordinator_proc
 from service.httpapi.client import Client, admin_token
-
-RECOVER = str(Path(sys.executable).parent / "recover")
+from tests.helpers import RECOVER_SCRIPT
 
 SHIM = """#!/bin/sh
 echo "$*" >> "{log}"
@@ -101,7 +99,7 @@ class Coordinator:
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run a ``recover`` operator verb against this coordinator."""
         return subprocess.run(
-            [RECOVER, *args, "--state-dir", str(self.state_dir)],
+            [RECOVER_SCRIPT, *args, "--state-dir", str(self.state_dir)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -123,7 +121,7 @@ def control_digest(run_dir: Path, args: list[str]) -> str:
     key = tuple(args)
     if key not in _CONTROL:
         done = subprocess.run(
-            [RECOVER, "train", "--run-dir", str(run_dir), *args],
+            [RECOVER_SCRIPT, "train", "--run-dir", str(run_dir), *args],
             capture_output=True,
             text=True,
             timeout=300,

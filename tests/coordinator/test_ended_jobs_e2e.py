@@ -25,7 +25,8 @@ from recovery.ports.slurm import BatchJob, JobInfo
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
 from slurm.sbatch import submit_training
-from tests.coordinator.helpers import RECOVER, Coordinator, control_digest, events, phases
+from tests.coordinator.helpers import Coordinator, control_digest, events, phases
+from tests.helpers import RECOVER_SCRIPT
 from tests.slurm.helpers import SLURMD_TIMEOUT_S, down_node, running, wait_for
 
 pytestmark = pytest.mark.slurm
@@ -111,7 +112,7 @@ def test_the_process_dies_then_xid79_the_failed_job_is_requeued_and_resumes(
     run = job_dir / "run"
     job_id = submit_training(
         slurm_ctl,
-        [RECOVER, "train", "--run-dir", str(run), *TRAIN],
+        [RECOVER_SCRIPT, "train", "--run-dir", str(run), *TRAIN],
         sbatch_args=[f"--output={job_dir}/run-%j.out", f"--chdir={job_dir}"],
     )
     (node,) = wait_for(lambda: running(slurm_ctl, job_id), 60, "the training job running").nodes

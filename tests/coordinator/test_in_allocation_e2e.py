@@ -16,7 +16,8 @@ import pytest
 
 from slurm.cli_slurm import CliSlurm
 from slurm.sbatch import submit_training
-from tests.coordinator.helpers import RECOVER, Coordinator, phases
+from tests.coordinator.helpers import Coordinator, phases
+from tests.helpers import RECOVER_SCRIPT
 from tests.slurm.helpers import down_node, wait_for
 from tests.train import multi
 
@@ -31,7 +32,7 @@ def test_xid79_in_a_job_with_spares_is_absorbed_in_its_allocation(
     run = job_dir / "run"
     job_id = submit_training(
         slurm_ctl,
-        [RECOVER, "train", "--run-dir", str(run), *ARGS],
+        [RECOVER_SCRIPT, "train", "--run-dir", str(run), *ARGS],
         sbatch_args=["--nodes=2", f"--output={job_dir}/run-%j.out", f"--chdir={job_dir}"],
         signal_lead_s=30,
         processes=2,

@@ -13,21 +13,13 @@ import pytest
 from recovery.ports.slurm import JobInfo
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
-from slurm.sbatch import submit_training
-from tests.coordinator.helpers import RECOVER, Coordinator, control_digest, events, phases
+from tests.coordinator.helpers import Coordinator, control_digest, events, phases
+from tests.helpers import submit_train
 from tests.slurm.helpers import SLURMD_TIMEOUT_S, down_node, running, submit_loop, wait_for
 
 pytestmark = pytest.mark.slurm
 
 TRAIN = ["--steps", "24", "--save-every", "4", "--model", "mlp-tiny", "--step-sleep", "0.25"]
-
-
-def _submit(ctl: CliSlurm, job_dir: Path, name: str, args: list[str] = TRAIN) -> str:
-    return submit_training(
-        ctl,
-        [RECOVER, "train", "--run-dir", str(job_dir / name), *args],
-        sbatch_args=["--nodes=3", f"--output={job_dir}/{name}-%j.out", f"--chdir={job_dir}"],
-    )
 
 
 def _checkpointed(run: Path, step: int) -> bool:
@@ -50,7 +42,7 @@ def _completed(ctl: CliSlurm, job_id: str) -> JobInfo | None:
 def test_xid79_node_replaced_by_the_spare_and_training_ends_bit_exact(
     coordinator: Coordinator, slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
-    job_id = _submit(slurm_ctl, job_dir, "run")
+    job_id, _ = submit_train(slurm_ctl, job_dir, "run", TRAIN, nodes=3)
     node = _batch_node(slurm_ctl, job_id)
     wait_for(lambda: _checkpointed(job_dir / "run", 4), 120, "a checkpoint at step 4")
     coordinator.send(node, "xid79")
@@ -103,7 +95,7 @@ def test_drain_reset_saves_before_the_job_leaves(
     coordinator: Coordinator, slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
     args = ["--steps", "30", "--save-every", "100", "--model", "mlp-tiny", "--step-sleep", "0.25"]
-    job_id = _submit(slurm_ctl, job_dir, "run", args)
+    job_id, _ = submit_train(slurm_ctl, job_dir, "run", args, nodes=3)
     node = _batch_node(slurm_ctl, job_id)
     run = job_dir / "run"
     wait_for(lambda: any(e["event"] == "step" and e["step"] >= 3 for e in events(run)), 120,

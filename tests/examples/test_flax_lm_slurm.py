@@ -5,7 +5,6 @@ and the requeued run resumes and ends with the uninterrupted run's digest."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,12 @@ import pytest
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
 from tests.examples.conftest import STEPS, command, events, wait_for_event
+from tests.helpers import RECOVER_SCRIPT
 from tests.slurm.helpers import wait_for
 
 # Slow: the control run, then a job that is requeued once (minutes on a loaded machine).
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-RECOVER = str(Path(sys.executable).parent / "recover")
 
 
 def test_recover_sbatch_requeues_and_resumes_the_example_bit_exact(
@@ -31,7 +30,7 @@ def test_recover_sbatch_requeues_and_resumes_the_example_bit_exact(
     run_dir = job_dir / "lm"
     submitted = subprocess.run(
         [
-            RECOVER, "sbatch", "--slurm-conf", str(slurm_cluster.conf_path),
+            RECOVER_SCRIPT, "sbatch", "--slurm-conf", str(slurm_cluster.conf_path),
             f"--output={job_dir}/lm-%j.out", f"--chdir={job_dir}",
             "--", *command(run_dir, "--step-delay", "0.2"),
         ],

@@ -23,8 +23,8 @@ from recovery.ports.slurm import BatchJob, JobInfo
 from service.daemons import coordinator as coordinator_proc
 from slurm.cli_slurm import CliSlurm
 from slurm.cluster import LocalCluster
-from slurm.sbatch import submit_training
-from tests.coordinator.helpers import RECOVER, Coordinator, events
+from tests.coordinator.helpers import Coordinator, events
+from tests.helpers import submit_train
 from tests.k8s.helpers import condition, gone_or_terminating, node_json, pod_json, taints
 from tests.plugins.kube_api import KubeApi, KubeNodes
 from tests.slurm.helpers import down_node, running, wait_for
@@ -62,14 +62,6 @@ def kube_coordinator(
     yield from _start(local_cluster, kube_api, kube_slurm_nodes, tmp_path)
 
 
-def _submit(ctl: CliSlurm, job_dir: Path, name: str) -> str:
-    return submit_training(
-        ctl,
-        [RECOVER, "train", "--run-dir", str(job_dir / name), *TRAIN],
-        sbatch_args=["--nodes=3", f"--output={job_dir}/{name}-%j.out", f"--chdir={job_dir}"],
-    )
-
-
 def _completed(ctl: CliSlurm, job_id: str) -> JobInfo | None:
     job = ctl.job(job_id)
     return job if job.state == "COMPLETED" else None
@@ -97,7 +89,7 @@ def test_xid79_takes_the_node_out_in_slurm_and_kubernetes_and_the_spare_in_both(
     kube_slurm_nodes: KubeNodes, job_dir: Path,
 ) -> None:  # fmt: skip
     c = kube_coordinator
-    job_id = _submit(slurm_ctl, job_dir, "run")
+    job_id, _ = submit_train(slurm_ctl, job_dir, "run", TRAIN, nodes=3)
     node = wait_for(lambda: running(slurm_ctl, job_id), 60, "the job running").nodes[0]
     run = job_dir / "run"
     wait_for(lambda: any(e["event"] == "checkpoint" and e["step"] >= 4 for e in events(run)),

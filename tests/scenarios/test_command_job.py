@@ -14,11 +14,11 @@ import pytest
 
 from scenarios import command_job
 from scenarios.loader import ScenarioFileError, load_file, load_text
+from tests.helpers import RECOVER
 from tests.slurm.helpers import require_local_slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "examples" / "flax_lm" / "scenario.yaml"
-RECOVER = [sys.executable, "-m", "recover"]
 
 BASE = """\
 cluster: {nodes: 2, spares: 1}

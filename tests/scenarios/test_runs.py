@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,13 @@ from scenarios.loader import find, shipped
 from scenarios.main import DEMO
 from service.daemons import agents as agents_proc
 from slurm import procs
+from tests.helpers import RECOVER
 from tests.plugins.demo_run import DemoRun
 from tests.plugins.slurm_cluster import require_2511
 from tests.slurm.helpers import require_local_slurm
 
 pytestmark = pytest.mark.slurm
 
-RECOVER = [sys.executable, "-m", "recover"]
 #: Run in the default tier besides `recover demo` (the xid79 scenario): the fallback past a
 #: corrupt checkpoint, the promise the demo does not exercise.
 DEFAULT_TIER = ("checkpoint-corrupt",)

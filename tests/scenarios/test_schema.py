@@ -4,7 +4,6 @@ the field path and what is valid, for every kind of mistake the schema can catch
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,7 @@ from scenarios.loader import (
     with_mode,
 )
 from scenarios.schema import SPECIAL_FAULTS, Entry
-
-RECOVER = [sys.executable, "-m", "recover"]
+from tests.helpers import RECOVER
 
 GOOD = """\
 description: a test

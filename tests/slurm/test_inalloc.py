@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,33 +17,13 @@ import pytest
 
 from recovery.errors import UsageError
 from slurm.cli_slurm import CliSlurm
-from slurm.sbatch import submit_training
+from tests.helpers import submit_train
 from tests.slurm.helpers import wait_for
 from tests.train import multi
 
 pytestmark = pytest.mark.slurm
 
-RECOVER = str(Path(sys.executable).parent / "recover")
 ARGS = ["--steps", "16", "--save-every", "3", "--model", "mlp-tiny", "--step-sleep", "0.3"]
-
-
-def _submit(
-    ctl: CliSlurm, job_dir: Path, name: str, spares: int, processes: int = 2
-) -> tuple[str, Path]:
-    run = job_dir / name
-    job_id = submit_training(
-        ctl,
-        [RECOVER, "train", "--run-dir", str(run), *ARGS],
-        sbatch_args=[
-            f"--nodes={processes}",
-            f"--output={job_dir}/{name}-%j.out",
-            f"--chdir={job_dir}",
-        ],
-        signal_lead_s=30,
-        processes=processes,
-        spares=spares,
-    )
-    return job_id, run
 
 
 def _journal(job_dir: Path, job_id: str) -> list[dict[str, Any]]:
@@ -79,7 +58,9 @@ def _crash_rank1_and_down_its_node(ctl: CliSlurm, run: Path) -> str:
 def test_a_lost_node_is_replaced_by_the_jobs_spare_without_a_requeue(
     slurm_ctl: CliSlurm, job_dir: Path, slurm_backend: str
 ) -> None:
-    job_id, run = _submit(slurm_ctl, job_dir, "ia", spares=1)
+    job_id, run = submit_train(
+        slurm_ctl, job_dir, "ia", ARGS, nodes=2, processes=2, spares=1, signal_lead_s=30
+    )
     wait_for(lambda: _events(job_dir, job_id, "launched"), 120, "the supervisor's first step")
     (sup,) = _events(job_dir, job_id, "supervising")
     assert len(sup["job_nodes"]) == 3
@@ -119,7 +100,9 @@ def test_a_lost_node_is_replaced_by_the_jobs_spare_without_a_requeue(
 def test_a_supervisor_killed_mid_relaunch_requeues_the_job_and_nothing_is_lost(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
-    job_id, run = _submit(slurm_ctl, job_dir, "kill", spares=1)
+    job_id, run = submit_train(
+        slurm_ctl, job_dir, "kill", ARGS, nodes=2, processes=2, spares=1, signal_lead_s=30
+    )
     wait_for(lambda: _events(job_dir, job_id, "launched"), 120, "the supervisor's first step")
     (sup,) = _events(job_dir, job_id, "supervising")
     _crash_rank1_and_down_its_node(slurm_ctl, run)
@@ -146,7 +129,9 @@ def test_a_second_fault_during_the_relaunch_takes_the_next_spare(
     fault while the relaunch starts). The supervisor relaunches again on the last spare (the
     batch host): the job completes, never requeued, both bad nodes out of the job and out of
     service, and the final state is the uninterrupted run's."""
-    job_id, run = _submit(slurm_ctl, job_dir, "second", spares=2, processes=1)
+    job_id, run = submit_train(
+        slurm_ctl, job_dir, "second", ARGS, nodes=1, spares=2, signal_lead_s=30
+    )
     wait_for(lambda: _events(job_dir, job_id, "launched"), 120, "the supervisor's first step")
     (sup,) = _events(job_dir, job_id, "supervising")
     (first,) = sup["step_nodes"]
@@ -176,5 +161,7 @@ def test_more_spares_than_the_cluster_holds_is_refused_naming_what_fits(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
     with pytest.raises(UsageError, match=r"asks 7 nodes .* 3 in service .*at most --spares 1"):
-        _submit(slurm_ctl, job_dir, "big", spares=5)
+        submit_train(
+            slurm_ctl, job_dir, "big", ARGS, nodes=2, processes=2, spares=5, signal_lead_s=30
+        )
     assert not [j for j in slurm_ctl.jobs() if not j.finished]

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,11 @@ import pytest
 
 from slurm.cli_slurm import CliSlurm
 from slurm.sbatch import submit_training
+from tests.helpers import RECOVER_SCRIPT, submit_train
 from tests.slurm.helpers import running, wait_for
 from tests.train import multi
 
 pytestmark = pytest.mark.slurm
-
-RECOVER = str(Path(sys.executable).parent / "recover")
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
@@ -34,7 +32,7 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 def _reference_digest(run_dir: Path, args: list[str]) -> str:
     """Final state digest of the same training run, undisturbed and outside Slurm."""
     done = subprocess.run(
-        [RECOVER, "train", "--run-dir", str(run_dir), *args],
+        [RECOVER_SCRIPT, "train", "--run-dir", str(run_dir), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -51,7 +49,7 @@ def test_usr1_saves_requeues_and_the_job_resumes_bit_exact(
     run = job_dir / "usr1"
     job_id = submit_training(
         slurm_ctl,
-        [RECOVER, "train", "--run-dir", str(run), *args],
+        [RECOVER_SCRIPT, "train", "--run-dir", str(run), *args],
         sbatch_args=[f"--output={job_dir}/usr1-%j.out", f"--chdir={job_dir}"],
         signal_lead_s=30,
     )
@@ -91,7 +89,7 @@ def test_down_node_training_resumes_and_matches_an_undisturbed_run(
     ids = {
         run: submit_training(
             slurm_ctl,
-            [RECOVER, "train", "--run-dir", str(run), *args],
+            [RECOVER_SCRIPT, "train", "--run-dir", str(run), *args],
             sbatch_args=[f"--output={job_dir}/{run.name}-%j.out", f"--chdir={job_dir}"],
         )
         for run in (reference, victim)
@@ -129,25 +127,6 @@ def test_down_node_training_resumes_and_matches_an_undisturbed_run(
 # --- several processes, one per node -----------------------------------------------------------
 
 
-def _submit_processes(
-    ctl: CliSlurm, job_dir: Path, name: str, k: int, args: list[str], *sbatch: str
-) -> tuple[str, Path]:
-    run = job_dir / name
-    job_id = submit_training(
-        ctl,
-        [RECOVER, "train", "--run-dir", str(run), *args],
-        sbatch_args=[
-            f"--nodes={k}",
-            f"--output={job_dir}/{name}-%j.out",
-            f"--chdir={job_dir}",
-            *sbatch,
-        ],
-        signal_lead_s=30,
-        processes=k,
-    )
-    return job_id, run
-
-
 def test_two_processes_usr1_all_save_one_step_requeue_and_resume_bit_exact(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -155,7 +134,9 @@ def test_two_processes_usr1_all_save_one_step_requeue_and_resume_bit_exact(
     reaches both through srun; they save the same step, exit 75, the job requeues itself
     and both resume from that step, ending as the uninterrupted 2-process run does."""
     args = ["--steps", "12", "--save-every", "100", "--model", "mlp-tiny", "--step-sleep", "0.3"]
-    job_id, run = _submit_processes(slurm_ctl, job_dir, "k2", 2, args)
+    job_id, run = submit_train(
+        slurm_ctl, job_dir, "k2", args, nodes=2, processes=2, signal_lead_s=30
+    )
     wait_for(lambda: len(multi.of(run, "step").get(1, [])) >= 2, 240, "two steps on process 1")
     slurm_ctl.run(["scancel", "--batch", "--signal=USR1", job_id])
     wait_for(lambda: slurm_ctl.job(job_id).state == "COMPLETED", 240, "job completed")
@@ -185,7 +166,9 @@ def test_a_process_killed_stops_the_others_and_a_requeue_resumes_bit_exact(
     the job is FAILED (its requeue is the coordinator's: issue 14, section 4). Requeued by
     hand, it resumes from an intact step and ends as the uninterrupted 3-process run."""
     args = ["--steps", "20", "--save-every", "3", "--model", "mlp-tiny-48", "--step-sleep", "0.3"]
-    job_id, run = _submit_processes(slurm_ctl, job_dir, "k3", 3, args)
+    job_id, run = submit_train(
+        slurm_ctl, job_dir, "k3", args, nodes=3, processes=3, signal_lead_s=30
+    )
     wait_for(lambda: bool(multi.of(run, "checkpoint").get(1)), 240, "a checkpoint")
     (joined,) = multi.of(run, "joined")[1]
     killed_at = time.time()
@@ -214,7 +197,16 @@ def test_without_requeue_a_preempted_job_keeps_its_checkpoint_and_says_how_to_re
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
     args = ["--steps", "12", "--save-every", "100", "--model", "mlp-tiny", "--step-sleep", "0.3"]
-    job_id, run = _submit_processes(slurm_ctl, job_dir, "noq", 2, args, "--no-requeue")
+    job_id, run = submit_train(
+        slurm_ctl,
+        job_dir,
+        "noq",
+        args,
+        nodes=2,
+        processes=2,
+        signal_lead_s=30,
+        sbatch=("--no-requeue",),
+    )
     wait_for(lambda: len(multi.of(run, "step").get(0, [])) >= 2, 240, "two steps")
     slurm_ctl.run(["scancel", "--batch", "--signal=USR1", job_id])
     wait_for(lambda: slurm_ctl.job(job_id).finished, 120, "the job to end")
@@ -223,7 +215,7 @@ def test_without_requeue_a_preempted_job_keeps_its_checkpoint_and_says_how_to_re
     out = (job_dir / f"noq-{job_id}.out").read_text()
     assert "cannot be requeued (--no-requeue?)" in out
     assert "submit the same command to resume" in out
-    again, _ = _submit_processes(slurm_ctl, job_dir, "noq", 2, args)
+    again, _ = submit_train(slurm_ctl, job_dir, "noq", args, nodes=2, processes=2, signal_lead_s=30)
     wait_for(lambda: slurm_ctl.job(again).state == "COMPLETED", 240, "the resubmitted job")
     (restored,) = multi.of(run, "restored")[0]
     assert restored["checkpoint_step"] == pre["step"]

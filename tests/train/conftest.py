@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,8 +12,7 @@ from typing import Any
 import pytest
 
 from recovery.events import read_events
-
-RECOVER = [sys.executable, "-m", "recover"]
+from tests.helpers import RECOVER
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:
