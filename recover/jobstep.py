@@ -11,13 +11,12 @@ from typing import Annotated
 import typer
 
 from recovery.errors import UsageError
-from recovery.inalloc.decide import DEFAULT_MAX_RELAUNCHES
+from recovery.inalloc.decide import DEFAULT_MAX_RELAUNCHES, decision_line, exit_status
 from recovery.inalloc.supervisor import (
     DEFAULT_GRACE_S,
     DEFAULT_STANDBY_AFTER_S,
     Journal,
     Supervisor,
-    decision_line,
     install_forwarding,
 )
 
@@ -87,9 +86,8 @@ def supervise_job(
     )
     install_forwarding(supervisor)
     decision = supervisor.run()
-    line = decision_line(decision)
-    decision_file.write_text(line + "\n")
-    raise typer.Exit(int(line.split()[1]) if line.startswith("exit") else 0)
+    decision_file.write_text(decision_line(decision) + "\n")
+    raise typer.Exit(exit_status(decision))
 
 
 def register(root: typer.Typer) -> None:

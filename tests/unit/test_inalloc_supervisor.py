@@ -11,9 +11,17 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import SlurmRefusedError
-from recovery.inalloc.decide import Finish, Relaunch, Requeue, after_step, first_layout
-from recovery.inalloc.supervisor import Journal, Supervisor, decision_line
-from slurm.jobstep import launch_status, parse_time_left
+from recovery.inalloc.decide import (
+    Finish,
+    Relaunch,
+    Requeue,
+    after_step,
+    decision_line,
+    first_layout,
+    launch_status,
+)
+from recovery.inalloc.supervisor import Journal, Supervisor
+from slurm.jobstep import parse_time_left
 
 
 @dataclass
