@@ -15,8 +15,8 @@ from recovery.inalloc.decide import DEFAULT_MAX_RELAUNCHES, decision_line, exit_
 from recovery.inalloc.supervisor import (
     DEFAULT_GRACE_S,
     DEFAULT_STANDBY_AFTER_S,
-    Journal,
     Supervisor,
+    SupervisorJournal,
     install_forwarding,
 )
 
@@ -78,7 +78,7 @@ def supervise_job(
         command=command,
         processes=processes,
         batch_host=os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-        journal=Journal(path),
+        journal=SupervisorJournal(path),
         max_relaunches=max_relaunches,
         grace_s=grace,
         standby_after_s=None if no_standby else standby_after,

@@ -71,7 +71,7 @@ class Requeue:
     why: str
 
 
-Decision = Finish | Relaunch | Requeue
+StepDecision = Finish | Relaunch | Requeue
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def after_step(
     dropped: Sequence[str],
     relaunches: int,
     max_relaunches: int,
-) -> Decision:
+) -> StepDecision:
     """Decide what follows a step that ended with ``status``.
 
     ``lost``: the job's nodes Slurm reports gone (DOWN, DRAIN, FAIL, or no longer in the
@@ -260,7 +260,7 @@ def after_signal(status: int, signal_name: str) -> Finish | Requeue:
 
 def after_signalled_step(
     layout: Layout, status: int, signal_name: str, *, relaunches: int, max_relaunches: int
-) -> Decision:
+) -> StepDecision:
     """What follows a step that ended with ``status`` after the forwarded signal
     ``signal_name`` asked the job to stop: no lost node is waited for, and where
     :func:`after_step` would end the job, :func:`after_signal` decides how."""
@@ -270,7 +270,7 @@ def after_signalled_step(
     return after_signal(status, signal_name) if isinstance(decision, Finish) else decision
 
 
-def decision_line(decision: Decision) -> str:
+def decision_line(decision: StepDecision) -> str:
     """What the batch script reads: ``exit N`` or ``requeue``."""
     if isinstance(decision, Requeue):
         return "requeue"
@@ -279,7 +279,7 @@ def decision_line(decision: Decision) -> str:
     raise ValueError(f"not a final decision: {decision!r}")
 
 
-def exit_status(decision: Decision) -> int:
+def exit_status(decision: StepDecision) -> int:
     """The supervisor's own exit status after ``decision``: a :class:`Finish`'s status, 0
     after a :class:`Requeue` (the batch script requeues on :func:`decision_line`). Raises
     ValueError for a :class:`Relaunch`, which is no final decision."""

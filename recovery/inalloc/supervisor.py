@@ -30,11 +30,11 @@ from typing import Any, Protocol
 from recovery.errors import RecoverError
 from recovery.inalloc.decide import (
     DEFAULT_MAX_RELAUNCHES,
-    Decision,
     Finish,
     Layout,
     Relaunch,
     Requeue,
+    StepDecision,
     after_signalled_step,
     after_step,
     checked_status,
@@ -103,7 +103,7 @@ class JobSlurm(Protocol):
 
 
 @dataclass
-class Journal:
+class SupervisorJournal:
     """Appends one JSON object per line to ``path`` (flushed each line), and keeps them."""
 
     path: Path
@@ -125,7 +125,7 @@ class Supervisor:
     command: Sequence[str]
     processes: int
     batch_host: str
-    journal: Journal
+    journal: SupervisorJournal
     max_relaunches: int = DEFAULT_MAX_RELAUNCHES
     grace_s: float = DEFAULT_GRACE_S
     standby_after_s: float | None = DEFAULT_STANDBY_AFTER_S
@@ -155,13 +155,13 @@ class Supervisor:
         signal stops the step and the job (:mod:`recovery.inalloc.decide` holds the rules)."""
         self._incoming.append(signum)
 
-    def run(self) -> Decision:
+    def run(self) -> StepDecision:
         try:
             return self._supervise()
         finally:
             self.slurm.close()
 
-    def _supervise(self) -> Decision:
+    def _supervise(self) -> StepDecision:
         job_nodes = self.slurm.job_nodes()
         layout = first_layout(job_nodes, self.batch_host, self.processes)
         self.journal(
@@ -182,7 +182,7 @@ class Supervisor:
             elif ended_cleanly(status) and self.signalled is None:
                 status = self._check_success(layout, status)
             self._leaving = ()
-            decision: Decision
+            decision: StepDecision
             if self.signalled is not None:
                 decision = after_signalled_step(
                     layout, status, signal.Signals(self.signalled).name,
@@ -324,7 +324,7 @@ class Supervisor:
         bad = self.slurm.bad_nodes([n for n in watched if n in held])
         return lost_among(watched, held, bad)
 
-    def _decided(self, decision: Decision) -> None:
+    def _decided(self, decision: StepDecision) -> None:
         if isinstance(decision, Finish):
             self.journal("finish", status=decision.status, why=decision.why)
         elif isinstance(decision, Requeue):
