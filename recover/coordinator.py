@@ -112,7 +112,7 @@ def replay(
 ) -> None:
     """Re-decide a recorded event history under another policy; print what would differ.
     Applies no action."""
-    from service.startup.replay import replay_journal
+    from service.startup.replay_file import replay_journal
 
     diffs = replay_journal(journal, config)
     if as_json:

@@ -11,13 +11,12 @@ from typing import Annotated
 import typer
 
 from recovery.errors import UsageError
-from recovery.inalloc.decide import DEFAULT_MAX_RELAUNCHES
+from recovery.inalloc.decide import DEFAULT_MAX_RELAUNCHES, decision_line, exit_status
 from recovery.inalloc.supervisor import (
     DEFAULT_GRACE_S,
     DEFAULT_STANDBY_AFTER_S,
-    Journal,
     Supervisor,
-    decision_line,
+    SupervisorJournal,
     install_forwarding,
 )
 
@@ -79,7 +78,7 @@ def supervise_job(
         command=command,
         processes=processes,
         batch_host=os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-        journal=Journal(path),
+        journal=SupervisorJournal(path),
         max_relaunches=max_relaunches,
         grace_s=grace,
         standby_after_s=None if no_standby else standby_after,
@@ -87,9 +86,8 @@ def supervise_job(
     )
     install_forwarding(supervisor)
     decision = supervisor.run()
-    line = decision_line(decision)
-    decision_file.write_text(line + "\n")
-    raise typer.Exit(int(line.split()[1]) if line.startswith("exit") else 0)
+    decision_file.write_text(decision_line(decision) + "\n")
+    raise typer.Exit(exit_status(decision))
 
 
 def register(root: typer.Typer) -> None:

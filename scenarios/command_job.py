@@ -30,7 +30,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,11 +64,12 @@ def job_command(job: JobSpec, run_dir: Path, cache: Path) -> list[str]:
     return ["env", *(f"{k}={v}" for k, v in job_env(cache).items()), *argv]
 
 
-def job_control_digest(job: JobSpec, cache: Path) -> str:
-    """:func:`control_digest` of ``job``'s command."""
+def job_control_digest(job: JobSpec, cache: Path, env: Mapping[str, str] | None = None) -> str:
+    """:func:`control_digest` of ``job``'s command, run with ``env`` (None: this process's
+    environment)."""
     assert job.command is not None
     return control_digest(job.command, steps=job.steps, save_every=job.save_every,
-                          seed=job.seed, cache=cache)  # fmt: skip
+                          seed=job.seed, cache=cache, env=env)  # fmt: skip
 
 
 def fill(
@@ -118,7 +119,7 @@ def control_digest(
     save_every: int,
     seed: int,
     cache: Path,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> str:
     """The final state digest of the command run uninterrupted: cached, else run now.
 

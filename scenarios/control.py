@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from recovery.errors import RecoverError
@@ -44,35 +44,40 @@ def cache_key(job: JobSpec, processes: int = 1) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def run_train(args: Sequence[str]) -> tuple[int, str]:
-    """``python -m recover train ARGS`` in a child process (JAX stays out of this one)."""
+def run_train(args: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """``python -m recover train ARGS`` in a child process (JAX stays out of this one),
+    started with ``env`` (None: this process's environment)."""
     done = subprocess.run(
         [sys.executable, "-m", "recover", "train", *args],
         capture_output=True,
         text=True,
         timeout=900,
         check=False,
+        env=None if env is None else dict(env),
     )
     return done.returncode, done.stderr
 
 
-def run_train_ranks(args: Sequence[str], processes: int) -> tuple[int, str]:
+def run_train_ranks(
+    args: Sequence[str], processes: int, env: Mapping[str, str] | None = None
+) -> tuple[int, str]:
     """``python -m recover train ARGS`` as ``processes`` processes on this machine, joined
-    through a rendezvous on the loopback (the launcher contract of docs/multiprocess.md).
-    Returns the first non-zero exit status (0 when all succeeded) and every process's stderr.
+    through a rendezvous on the loopback (the launcher contract of docs/multiprocess.md),
+    started with ``env`` (None: this process's environment). Returns the first non-zero exit
+    status (0 when all succeeded) and every process's stderr.
     """
     if processes == 1:
-        return run_train(args)
+        return run_train(args, env)
     port = free_ports(1)[0]
     children = []
     for rank in range(processes):
-        env = dict(os.environ)
-        env.update(RECOVER_NUM_PROCESSES=str(processes), RECOVER_PROCESS_ID=str(rank),
+        rank_env = dict(os.environ if env is None else env)
+        rank_env.update(RECOVER_NUM_PROCESSES=str(processes), RECOVER_PROCESS_ID=str(rank),
                    RECOVER_RENDEZVOUS=f"127.0.0.1:{port}")  # fmt: skip
-        for key in [k for k in env if k.startswith("SLURM_")]:
-            del env[key]  # not a step of the caller's job, if it runs in one
+        for key in [k for k in rank_env if k.startswith("SLURM_")]:
+            del rank_env[key]  # not a step of the caller's job, if it runs in one
         children.append(subprocess.Popen(
-            [sys.executable, "-m", "recover", "train", *args], env=env,
+            [sys.executable, "-m", "recover", "train", *args], env=rank_env,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         ))  # fmt: skip
     errors, statuses = [], []
@@ -89,20 +94,26 @@ def run_train_ranks(args: Sequence[str], processes: int) -> tuple[int, str]:
 
 
 def control_digest(
-    job: JobSpec, cache: Path, *, processes: int = 1, train: Train | None = None
+    job: JobSpec,
+    cache: Path,
+    *,
+    processes: int = 1,
+    train: Train | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> str:
     """The final state digest of ``job``'s training run without interruption, as
     ``processes`` processes: from the cache, else computed now with ``train`` (default: run
-    the trainer as that many local processes) and cached.
+    the trainer as that many local processes, started with ``env``; None: this process's
+    environment) and cached.
 
     Raises RecoverError with the trainer's error output when the run fails.
     """
     if job.command is not None:  # a command job: its own control run
         from scenarios import command_job
 
-        return command_job.job_control_digest(job, cache)
+        return command_job.job_control_digest(job, cache, env)
     if train is None:
-        train = functools.partial(run_train_ranks, processes=processes)
+        train = functools.partial(run_train_ranks, processes=processes, env=env)
 
     def produce(run: Path) -> str:
         args = [
@@ -126,19 +137,32 @@ class Background:
     """:func:`control_digest` on a thread, so the control trains while the cluster starts."""
 
     def __init__(
-        self, job: JobSpec, cache: Path, *, processes: int = 1, train: Train | None = None
+        self,
+        job: JobSpec,
+        cache: Path,
+        *,
+        processes: int = 1,
+        train: Train | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self._result: str | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
-            target=self._work, args=(job, cache, processes, train), name="control-run",
+            target=self._work, args=(job, cache, processes, train, env), name="control-run",
             daemon=True,
         )  # fmt: skip
         self._thread.start()
 
-    def _work(self, job: JobSpec, cache: Path, processes: int, train: Train | None) -> None:
+    def _work(
+        self,
+        job: JobSpec,
+        cache: Path,
+        processes: int,
+        train: Train | None,
+        env: Mapping[str, str] | None,
+    ) -> None:
         try:
-            self._result = control_digest(job, cache, processes=processes, train=train)
+            self._result = control_digest(job, cache, processes=processes, train=train, env=env)
         except BaseException as e:  # handed to the caller of result()
             self._error = e
 

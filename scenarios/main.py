@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from recovery.contract.exits import signal_status
 from recovery.errors import RecoverError, UsageError, unknown_choice
 from recovery.fsutil import atomic_write
 from scenarios import loader, render
@@ -202,4 +203,4 @@ def _run(
 
 
 def _exit_on_term(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    raise SystemExit(signal_status(signum))

@@ -41,10 +41,13 @@ class LocalParts:
     state: Path
     """The cluster's state dir (the coordinator's is beside it)."""
     policy: Path | None
+    env: Mapping[str, str] | None = None
+    """The environment the parts started with (None: this process's): a crashed node loses
+    the memory-tier copies under its ``RECOVER_MEMORY_DIR``."""
 
     @property
     def cluster(self) -> LocalCluster:
-        return LocalCluster(self.state)
+        return LocalCluster(self.state, env=self.env)
 
     @property
     def coordinator_dir(self) -> Path:
@@ -67,12 +70,12 @@ class LocalParts:
     def start_coordinator(self, listen: str = "127.0.0.1:0") -> statedir.Endpoint:
         """Start the coordinator (again) with the scenario's policy, listening on ``listen``."""
         return bringup.start_coordinator(
-            self.state, self.cluster.conf_path, config=self.policy, listen=listen
+            self.state, self.cluster.conf_path, config=self.policy, listen=listen, env=self.env
         )
 
     def down(self) -> list[str]:
         """Stop agents, coordinator and cluster (each by pid); what was stopped."""
-        return bringup.down(self.state)
+        return bringup.down(self.state, self.env)
 
 
 @dataclass
@@ -144,9 +147,10 @@ def bring_up(
     """Start a local cluster under ``root`` (Slurm state in ``root/slurm``, the coordinator's
     beside it) through :func:`service.bringup.up`, as ``recover cluster up --agents`` does:
     its coordinator with the scenario's policy, one agent per node, and slurmrestd when
-    ``access`` (resolved against ``env``, default the process's) asks for the REST backend;
-    return once every node is idle and every agent connected. The rig reaches Slurm through
-    ``access``'s backend (:meth:`service.bringup.LocalUp.slurm_control`).
+    ``access`` (resolved against ``env``, default the process's) asks for the REST backend,
+    every part started with ``env``; return once every node is idle and every agent
+    connected. The rig reaches Slurm through ``access``'s backend
+    (:meth:`service.bringup.LocalUp.slurm_control`).
 
     Raises UsageError (an unknown backend, before anything starts), SlurmNotInstalledError,
     ClusterError (not root, a daemon failed) or CoordinatorUnavailableError; whatever started
@@ -161,14 +165,14 @@ def bring_up(
         policy = root / "policy.yaml"
         root.mkdir(parents=True, exist_ok=True)
         policy.write_text(yaml.safe_dump(spec.policy, sort_keys=False))
-    parts = LocalParts(root / "slurm", policy)
+    parts = LocalParts(root / "slurm", policy, env)
 
     def timed(line: str) -> None:
         log(f"{line} ({time.monotonic() - t0:.1f} s)")
 
     try:
         version = access.resolved(env).slurm
-        up = bringup.up(parts.state, local_spec(spec, backend, policy, version), log=timed)
+        up = bringup.up(parts.state, local_spec(spec, backend, policy, version), log=timed, env=env)
         assert up.coordinator is not None  # asked for: LocalSpec(agents=True)
         slurm = up.slurm_control(access, env)
         client = Client(up.coordinator.url, admin_token(up.coordinator.tokens_path))

@@ -127,11 +127,13 @@ def run(loaded: Loaded, opts: RunOptions) -> RunResult:
     control = None
     if existing is None and s.expectations().digest_matches_control:
         # Started before the cluster, so the control trains while the daemons come up.
-        control = Background(j, opts.cache, processes=_processes(s, s.cluster.nodes))
+        control = Background(j, opts.cache, processes=_processes(s, s.cluster.nodes), env=opts.env)
     if existing is not None:
         rig, root = attach(existing, opts.env, say, opts.slurm), None
         if s.expectations().digest_matches_control:
-            control = Background(j, opts.cache, processes=_processes(s, len(rig.nodes)))
+            control = Background(
+                j, opts.cache, processes=_processes(s, len(rig.nodes)), env=opts.env
+            )
     else:
         root = cluster_root(out, s.cluster)
         rig = bring_up(s.cluster, root, say, opts.slurm, opts.env)

@@ -108,11 +108,18 @@ def _quiet(_: str) -> None:
     pass
 
 
-def up(state: Path, spec: LocalSpec, *, log: Callable[[str], None] = _quiet) -> LocalUp:
+def up(
+    state: Path,
+    spec: LocalSpec,
+    *,
+    log: Callable[[str], None] = _quiet,
+    env: Mapping[str, str] | None = None,
+) -> LocalUp:
     """Start the local cluster rooted at ``state`` as ``spec`` asks (see the module
     docstring); return once every node is idle (spares idle and drained), slurmrestd
     accepts connections, the coordinator answers and every agent has connected. ``log``
-    gets one line as each part is up.
+    gets one line as each part is up. ``env``: the environment every part starts with
+    (None: this process's).
 
     Raises SlurmNotInstalledError (a program or the JWT plugin missing), UsageError (a
     different layout, or one without JWT, runs there already), ClusterError (not root, a
@@ -123,7 +130,7 @@ def up(state: Path, spec: LocalSpec, *, log: Callable[[str], None] = _quiet) -> 
     from slurm import install
     from slurm.cluster import LocalCluster
 
-    inst = install.choose(spec.slurm)
+    inst = install.choose(spec.slurm, env)
     expedite = inst.series >= (25, 11)
     cluster = LocalCluster(
         state,
@@ -133,6 +140,7 @@ def up(state: Path, spec: LocalSpec, *, log: Callable[[str], None] = _quiet) -> 
         install=inst,
         expedite=expedite,
         epilog=epilog_command(coordinator_dir(state)) if expedite else None,
+        env=env,
     )
     info = cluster.up(nodes=spec.nodes, spares=spec.spares)
     log(
@@ -145,25 +153,27 @@ def up(state: Path, spec: LocalSpec, *, log: Callable[[str], None] = _quiet) -> 
         log(f"slurmrestd at {restd.url} and unix:{restd.socket}")
     endpoint = None
     if spec.coordinator or spec.agents:
-        endpoint = start_coordinator(info.state_dir, info.conf_path, config=spec.policy)
+        endpoint = start_coordinator(info.state_dir, info.conf_path, config=spec.policy, env=env)
         log(f"coordinator at {endpoint.url}")
     agents: dict[str, int] = {}
     if spec.agents and endpoint is not None:
-        agents = start_agents(info.state_dir, endpoint, info.nodes + info.spares)
+        agents = start_agents(info.state_dir, endpoint, info.nodes + info.spares, env=env)
         log("one agent per node, connected")
     return LocalUp(info, restd, endpoint, agents)
 
 
-def down(state: Path) -> list[str]:
+def down(state: Path, env: Mapping[str, str] | None = None) -> list[str]:
     """Stop the agents, the coordinator and the cluster (slurmrestd with it) recorded for
     ``state``, each by pid; returns what was running (``agent:NODE``, ``coordinator``, the
-    cluster's daemons). A no-op on a cluster that is not running."""
+    cluster's daemons). ``env``: the environment the cluster started with (None: this
+    process's), whose memory-tier root loses the nodes' copies. A no-op on a cluster that
+    is not running."""
     from slurm.cluster import LocalCluster
 
     stopped = [f"agent:{n}" for n in stop_agents(state)]
     if stop_coordinator(state):
         stopped.append("coordinator")
-    return stopped + LocalCluster(state).down()
+    return stopped + LocalCluster(state, env=env).down()
 
 
 def epilog_command(coordinator: Path) -> list[str]:
@@ -190,13 +200,15 @@ def start_coordinator(
     *,
     config: Path | None = None,
     listen: str = "127.0.0.1:0",
+    env: Mapping[str, str] | None = None,
 ) -> Endpoint:
     """Start the coordinator for the local cluster in the background (a no-op when one runs);
     returns where it listens. ``config``: its policy file; ``listen``: host:port (port 0: any
     free one). It reaches Slurm through Slurm's commands on ``conf`` whatever
     ``$RECOVER_SLURM_BACKEND`` says: slurmrestd 22.05 can neither drain nor requeue, and a
-    backend in the environment is meant for the caller's own commands. Raises
-    CoordinatorUnavailableError with its log when it fails."""
+    backend in the environment is meant for the caller's own commands. ``env``: the
+    environment it starts with (None: this process's). Raises CoordinatorUnavailableError
+    with its log when it fails."""
     from service.daemons import coordinator as coordinator_proc
 
     return coordinator_proc.start(
@@ -205,6 +217,7 @@ def start_coordinator(
         config=config,
         listen=listen,
         extra_args=("--slurm-backend", "cli"),
+        env=env,
     )
 
 
@@ -215,9 +228,15 @@ def stop_coordinator(cluster_state: Path) -> bool:
     return coordinator_proc.stop(coordinator_dir(cluster_state))
 
 
-def start_agents(cluster_state: Path, endpoint: Endpoint, nodes: Sequence[str]) -> dict[str, int]:
+def start_agents(
+    cluster_state: Path,
+    endpoint: Endpoint,
+    nodes: Sequence[str],
+    env: Mapping[str, str] | None = None,
+) -> dict[str, int]:
     """One agent per node of the local cluster, each on its own kernel-log file, connected to
-    ``endpoint``'s coordinator before this returns; node -> pid."""
+    ``endpoint``'s coordinator before this returns; node -> pid. ``env``: the environment
+    they start with (None: this process's)."""
     from service.daemons.agents import start_agents as start
     from service.httpapi.client import Client, admin_token
 
@@ -227,7 +246,7 @@ def start_agents(cluster_state: Path, endpoint: Endpoint, nodes: Sequence[str]) 
     def connected() -> set[str]:
         return {a["node"] for a in client.get("/v1/agents") if a["connected"]}
 
-    return start(d, nodes, endpoint.url, connected=connected)
+    return start(d, nodes, endpoint.url, env=env, connected=connected)
 
 
 def stop_agents(cluster_state: Path) -> list[str]:

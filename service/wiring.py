@@ -168,7 +168,7 @@ def cluster_status(
     shown alone (we started no process there)."""
     from slurm.cluster import LocalCluster, conf_status
 
-    local = LocalCluster(state_dir(state, env))
+    local = LocalCluster(state_dir(state, env), env=env)
     other = explicit or env.get("SLURM_CONF")
     if not other or Path(other).absolute() == local.conf_path:
         return local.status()

@@ -69,7 +69,9 @@ class LocalCluster:
     see :mod:`slurm.install`). ``expedite`` allows ``--requeue=expedite`` (25.11 only; None:
     whenever the install has it). ``epilog`` is the command slurmd runs as the Epilog after
     each job (ours is ``agents/epilog.py``, which fails while the node has an open fault);
-    None: no Epilog.
+    None: no Epilog. ``env`` is the environment the cluster's daemons start with (and so its
+    job steps; None: this process's), which also names the memory tier's root
+    (``RECOVER_MEMORY_DIR``) that a crashed node loses.
     ``clock``/``sleep`` are injected so waiting logic can be driven by tests.
     """
 
@@ -83,10 +85,11 @@ class LocalCluster:
         install: SlurmInstall | None = None,
         expedite: bool | None = None,
         epilog: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.state_dir = Path(state_dir).absolute() if state_dir else default_state_dir()
+        self.state_dir = Path(state_dir).absolute() if state_dir else default_state_dir(env)
         self.slurmd_timeout_s = slurmd_timeout_s
         self.cred_expire_s = cred_expire_s
         self.jwt = jwt
@@ -99,6 +102,7 @@ class LocalCluster:
             )
         self.expedite = expedite
         self.epilog = tuple(epilog) if epilog else None
+        self._env = os.environ if env is None else env
         self._clock = clock
         self._sleep = sleep
 
@@ -109,7 +113,7 @@ class LocalCluster:
 
     def control(self) -> CliSlurm:
         """The SlurmControl adapter pointed at this cluster (its install's commands)."""
-        return CliSlurm(self.conf_path)
+        return CliSlurm(self.conf_path, env=self._env)
 
     def _recorded_install(self) -> SlurmInstall:
         # A cluster already running here keeps its install (`down`, `status`, `start_rest`
@@ -276,7 +280,7 @@ class LocalCluster:
 
         endpoint = restd.launch(
             self.state_dir, info.conf_path, proc.free_ports(1)[0], record, self.install,
-            timeout_s=timeout_s, clock=self._clock, sleep=self._sleep,
+            env=self._env, timeout_s=timeout_s, clock=self._clock, sleep=self._sleep,
         )  # fmt: skip
         restd.save_endpoint(self.state_dir, endpoint)
         return endpoint
@@ -289,8 +293,9 @@ class LocalCluster:
 
     def crash_node(self, name: str, also: Iterable[int] = ()) -> list[int]:
         """SIGKILL ``name``'s slurmd and its job steps and job processes (and the processes in
-        ``also``), and empty its node-local memory (the training's copies under
-        ``RECOVER_MEMORY_DIR`` or the default root), as a node losing power would; slurmctld
+        ``also``), and empty its node-local memory (the training's copies under the cluster
+        environment's ``RECOVER_MEMORY_DIR`` or the default root), as a node losing power
+        would; slurmctld
         notices after SlurmdTimeout. Returns the pids killed.
 
         Raises UsageError naming the cluster's nodes for an unknown one, ClusterError when no
@@ -302,7 +307,7 @@ class LocalCluster:
         targets = procs.cluster_processes(str(self.state_dir), roots, node=name)
         procs.stop((), kill_now=targets, sleep=self._sleep, clock=self._clock)
         # A node that loses power loses its tmpfs: the memory tier's copies there are gone.
-        forget_node(memory_root(os.environ), node_key(name, str(self.conf_path)))
+        forget_node(memory_root(self._env), node_key(name, str(self.conf_path)))
         return sorted(targets)
 
     def freeze_node(self, name: str, also: Iterable[int] = ()) -> list[int]:
@@ -349,7 +354,7 @@ class LocalCluster:
         # The install's programs first on PATH (slurmd runs its slurmstepd, jobs' srun), the
         # conf, and the marker `down` finds the cluster's processes by.
         env = {
-            **os.environ,
+            **self._env,
             "SLURM_CONF": str(self.conf_path),
             procs.MARKER_ENV: str(self.state_dir),
         }
@@ -368,7 +373,7 @@ class LocalCluster:
         return f"slurmd:{name}"
 
     def _wait_ready(self, info: ClusterInfo, timeout_s: float) -> None:
-        ctl = CliSlurm(info.conf_path, timeout_s=5.0)
+        ctl = CliSlurm(info.conf_path, timeout_s=5.0, env=self._env)
         deadline = self._clock() + timeout_s
         last = "slurmctld did not answer"
         while True:
@@ -438,7 +443,7 @@ class LocalCluster:
             (self.state_dir / STATE_FILE).unlink(missing_ok=True)
             # The simulated nodes' tmpfs goes with them: the memory tier's copies of this
             # cluster's jobs (only this cluster's: the key names its slurm.conf).
-            root = memory_root(os.environ)
+            root = memory_root(self._env)
             for node in (*info.nodes, *info.spares):
                 forget_node(root, node_key(node, str(info.conf_path)))
         return was_running
@@ -455,7 +460,7 @@ class LocalCluster:
         nodes: tuple[NodeInfo, ...] = ()
         error = ""
         try:
-            nodes = tuple(CliSlurm(info.conf_path, timeout_s=5.0).nodes())
+            nodes = tuple(CliSlurm(info.conf_path, timeout_s=5.0, env=self._env).nodes())
         except RecoverError as e:
             error = str(e)
         return ClusterStatus(self.state_dir, running, info.conf_path, processes, nodes, error)

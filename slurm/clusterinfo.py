@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +19,9 @@ REQUIRED_PROGRAMS = ("slurmctld", "slurmd", "munged", "sinfo", "squeue", "scontr
 STATE_FILE = "cluster.json"
 
 
-def default_state_dir(env: dict[str, str] | None = None, cwd: Path | None = None) -> Path:
+def default_state_dir(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
     """``$RECOVER_STATE_DIR/slurm`` when set, else ``./.state/slurm`` (absolute)."""
-    env = dict(os.environ) if env is None else env
+    env = os.environ if env is None else env
     base = Path(env["RECOVER_STATE_DIR"]) if env.get("RECOVER_STATE_DIR") else None
     root = base if base is not None else (cwd or Path.cwd()) / ".state"
     return (root / "slurm").absolute()

@@ -28,8 +28,9 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from recovery.contract.exits import EXIT_PREEMPTED
+from recovery.contract.exits import signal_status
 from recovery.contract.standby import ENV_STANDBY
+from recovery.inalloc.decide import ended_cleanly, launch_status
 from recovery.multiproc import (
     ENV_GROUP,
     ENV_PROCESS_ID,
@@ -52,17 +53,7 @@ POLL_S = 0.05
 
 def _status(returncode: int) -> int:
     """An exit status as a shell reports it: 128+n for a process killed by signal n."""
-    return returncode if returncode >= 0 else 128 - returncode
-
-
-def launch_status(statuses: Sequence[int]) -> int:
-    """One launch's status from its processes', in the order they ended: the first failure
-    (the cause: the others end after it, 76 for a lost peer); else 75 when any saved and
-    stopped on a signal; else 0."""
-    for status in statuses:
-        if status not in (0, EXIT_PREEMPTED):
-            return status
-    return EXIT_PREEMPTED if EXIT_PREEMPTED in statuses else 0
+    return returncode if returncode >= 0 else signal_status(-returncode)
 
 
 def parse_time_left(text: str) -> float | None:
@@ -105,8 +96,8 @@ class LaunchStep:
         self._ending = False
 
     def wait(self, timeout: float | None = None) -> int | None:
-        """The launch's status (:func:`launch_status`) once every process ended; None if
-        ``timeout`` seconds pass first. Once one failed, the others get
+        """The launch's status (:func:`~recovery.inalloc.decide.launch_status`) once every
+        process ended; None if ``timeout`` seconds pass first. Once one failed, the others get
         :data:`KILL_AFTER_S` to end by themselves before their steps are ended."""
         deadline = None if timeout is None else self._clock() + timeout
         while True:
@@ -118,7 +109,7 @@ class LaunchStep:
                     continue
                 self._ended[i] = _status(rc)
                 self._order.append(i)
-                if self._ended[i] not in (0, EXIT_PREEMPTED) and self._failed_at is None:
+                if not ended_cleanly(self._ended[i]) and self._failed_at is None:
                     self._failed_at = self._clock()
             if len(self._ended) == len(self.procs):
                 return launch_status([self._ended[i] for i in self._order])

@@ -154,16 +154,25 @@ def make_jwt_key(state_dir: Path) -> Path:
     return key
 
 
-def make_token(conf: Path, token_file: Path, *, user: str = "root", lifespan_s: int = 86400) -> str:
-    """Ask slurmctld for a JWT for ``user`` valid ``lifespan_s`` seconds (``scontrol token``);
-    write it to ``token_file`` (mode 0600) and return it. Raises ClusterError when refused
-    (e.g. the cluster was started without JWT)."""
+def make_token(
+    conf: Path,
+    token_file: Path,
+    *,
+    user: str = "root",
+    lifespan_s: int = 86400,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """Ask slurmctld for a JWT for ``user`` valid ``lifespan_s`` seconds (``scontrol token``,
+    run with ``env``; None: this process's); write it to ``token_file`` (mode 0600) and return
+    it. Raises ClusterError when refused (e.g. the cluster was started without JWT)."""
     inst = install.of_conf(conf)
     scontrol = inst.program("scontrol") if inst is not None else "scontrol"
     argv = [scontrol, "token", f"username={user}", f"lifespan={lifespan_s}"]
     proc = subprocess.run(
         argv,
-        env=install.command_env(inst, {**os.environ, "SLURM_CONF": str(conf)}),
+        env=install.command_env(
+            inst, {**(os.environ if env is None else env), "SLURM_CONF": str(conf)}
+        ),
         capture_output=True,
         text=True,
         timeout=15,
@@ -278,17 +287,20 @@ def launch(
     record: Callable[[str, int], None],
     inst: SlurmInstall = install.SYSTEM,
     *,
+    env: Mapping[str, str] | None = None,
     timeout_s: float = 15.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> RestEndpoint:
     """Start both :data:`DAEMONS` for the cluster in ``state_dir`` (JWT on
     ``127.0.0.1:port``, local auth on a unix socket) and a JWT for root; ``record(name, pid)``
-    is called as each starts. Raises as :func:`prepare`, :func:`start` and :func:`make_token`.
+    is called as each starts. ``env``: the cluster's environment (None: this process's).
+    Raises as :func:`prepare`, :func:`start` and :func:`make_token`.
     """
     paths = choose_home(state_dir)
     prepare(paths, conf, inst)
-    env = {**os.environ, procs.MARKER_ENV: str(state_dir)}
+    base = os.environ if env is None else env
+    marked = {**base, procs.MARKER_ENV: str(state_dir)}
     listen = f"127.0.0.1:{port}"
     for name, where, jwt in (
         (DAEMONS[0], listen, True),
@@ -296,12 +308,12 @@ def launch(
     ):
         log = state_dir / "log" / f"{name}.out"
         pid = start(
-            paths, where, env, log, jwt=jwt, inst=inst, timeout_s=timeout_s, clock=clock,
+            paths, where, marked, log, jwt=jwt, inst=inst, timeout_s=timeout_s, clock=clock,
             sleep=sleep,
         )  # fmt: skip
         record(name, pid)
     token_file = jwt_key_path(state_dir).parent / "token"
-    make_token(conf, token_file)
+    make_token(conf, token_file, env=base)
     return RestEndpoint(paths.socket, f"http://{listen}", token_file)
 
 

@@ -6,7 +6,8 @@ The contract between the batch script and the training process:
   (``--signal=B:USR1@N``), and TERM when the job is cancelled or its node goes DOWN.
 * The script runs training in the background and forwards USR1/TERM to it (a shell running a
   foreground command would only act on signals after that command ended).
-* Training saves a checkpoint and exits with :data:`PREEMPTED_STATUS` (75) on such a signal.
+* Training saves a checkpoint and exits with :data:`~recovery.contract.exits.EXIT_PREEMPTED`
+  (75) on such a signal.
   When that follows a USR1 the script calls ``scontrol requeue $SLURM_JOB_ID``: the job
   returns to the queue and, on its next start, ``--auto-resume`` restores the newest intact
   checkpoint. (On TERM Slurm itself decides: a node set DOWN requeues ``--requeue`` jobs.)
@@ -33,7 +34,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from recovery.contract.exits import EXIT_PREEMPTED as PREEMPTED_STATUS  # defined by the trainer
+from recovery.contract.exits import EXIT_PREEMPTED
 from recovery.errors import UsageError
 from recovery.ports.slurm import BatchJob, SlurmControl
 
@@ -212,7 +213,7 @@ def render_batch_script(
     else:
         launch = _PROCESSES.format(command=quoted, processes=processes, python=PORT_PYTHON)
     return _SCRIPT.format(
-        launch=launch, decide=decide, preempted=PREEMPTED_STATUS, lead=signal_lead_s
+        launch=launch, decide=decide, preempted=EXIT_PREEMPTED, lead=signal_lead_s
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -95,3 +96,21 @@ def submit_train(
         signal_lead_s=DEFAULT_SIGNAL_LEAD_S if signal_lead_s is None else signal_lead_s,
     )  # fmt: skip
     return job_id, run
+
+
+#: A pid no process has: above the kernel's largest possible pid_max (2**22).
+NO_PID = 2**31 - 2
+
+
+def record_gone_cluster(state: Path, nodes: tuple[str, ...]) -> Path:
+    """Write the state file of a local cluster in ``state`` with ``nodes`` whose processes
+    are all gone, so that :class:`slurm.cluster.LocalCluster` acts on files only
+    (``crash_node``, ``down``); returns its slurm.conf's path (never written)."""
+    from slurm.clusterinfo import STATE_FILE, ClusterInfo
+
+    state.mkdir(parents=True, exist_ok=True)
+    conf = state / "slurm.conf"
+    pids = {f"slurmd:{n}": NO_PID for n in nodes}
+    info = ClusterInfo(state, conf, nodes, (), pids, state / "munge")
+    (state / STATE_FILE).write_text(json.dumps(info.to_json()))
+    return conf

@@ -38,7 +38,7 @@ like a failed run, and its requeue is its release (``requeue_ended`` releases it
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from recovery.errors import RecoverError, TransientError, UsageError
@@ -181,13 +181,37 @@ def fault_time(incident: IncidentRecord) -> float:
     return incident.opened.wall
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Tick:
     """What one incident's turn found, written as one phase each."""
 
-    ended: list[str] = field(default_factory=list)
-    requeued: list[str] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)
+    ended: tuple[str, ...] = ()
+    requeued: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """One ended run judged (:meth:`JobWatch._judge`): its note, and its lines for the
+    incident's phases."""
+
+    note: RequeueNote
+    ended: str
+    """For the ``job-ended`` phase: the job and how it ended."""
+    refused: str | None = None
+    """For the ``requeue-refused`` phase, when it is not requeued."""
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """One noted requeue asked of Slurm (:meth:`JobWatch._request`): the note after it, and
+    its line for the incident's phases, if it settled."""
+
+    note: RequeueNote
+    requeued: str | None = None
+    """For the ``jobs-requeued`` phase."""
+    refused: str | None = None
+    """For the ``requeue-refused`` phase."""
 
 
 class JobWatch:
@@ -304,28 +328,46 @@ class JobWatch:
                 inc.id, jobs=[*inc.jobs, *late], info={"job_restarts": restarts}
             )
         notes = dict(inc.info.get("requeues", {}))
-        tick = _Tick()
+        judged: list[_Judged] = []
         for job_id in [*inc.jobs, *late]:
             job = by_id.get(job_id)
             if job_id in notes or job is None:
                 continue
-            note = self._judge(inc, job, restarts.get(job_id, 0), where, config, now, tick)
-            if note is not None:
-                notes[job_id] = note
-        if tick.ended:
+            ran_at = restarts.get(job_id, 0)
+            found = self._judge(inc, job, ran_at, where, config, now)
+            if found is None:
+                continue
+            notes[job_id] = found.note
+            if found.note["outcome"] == RequeueOutcome.noted:
+                self._noted.setdefault(job_id, {})[ran_at] = now.wall
+            judged.append(found)
+        if judged:
             # The phases first, then the notes: a restart in between judges again, the same.
-            self._phases(inc, tick)
+            self._phases(
+                inc,
+                _Tick(
+                    ended=tuple(j.ended for j in judged),
+                    refused=tuple(j.refused for j in judged if j.refused is not None),
+                ),
+            )
             # Noted before any request: a restart asks Slurm again instead of judging again.
             self._journal.update_incident(inc.id, info={"requeues": notes})
-        asked = _Tick()
+        asked: list[_Asked] = []
         for job_id, note in list(notes.items()):
             if note["outcome"] != RequeueOutcome.noted:
                 continue
-            after = self._request(job_id, note, asked, by_id.get(job_id), inc.node)
-            if after["outcome"] != RequeueOutcome.noted:  # noted still: asked again next tick
-                notes[job_id] = after
+            answer = self._request(job_id, note, by_id.get(job_id), inc.node)
+            asked.append(answer)
+            if answer.note["outcome"] != RequeueOutcome.noted:  # noted: asked again next tick
+                notes[job_id] = answer.note
                 self._journal.update_incident(inc.id, info={"requeues": notes})
-        self._phases(inc, asked)
+        self._phases(
+            inc,
+            _Tick(
+                requeued=tuple(a.requeued for a in asked if a.requeued is not None),
+                refused=tuple(a.refused for a in asked if a.refused is not None),
+            ),
+        )
         # Unresolved while this tick's snapshot still shows the run ended: asked for and not
         # confirmed (a transient error), or requeued during this very tick.
         return [
@@ -357,8 +399,10 @@ class JobWatch:
         where: Stage,
         config: RequeueConfig,
         now: Stamp,
-        tick: _Tick,
-    ) -> RequeueNote | None:
+    ) -> _Judged | None:
+        """The run ``(job, ran_at)`` judged: its note (outcome ``noted`` when it is to be
+        requeued) and its phase lines; None when it is not ours to judge
+        (:func:`recovery.policy.requeue.judge`)."""
         used = budget_used(
             (at for c, at in self._noted.get(job.job_id, {}).items() if c != ran_at),
             now.wall,
@@ -378,7 +422,7 @@ class JobWatch:
             if headless
             else describe_end(job) + (f" at {job.end_time:.0f}" if job.end_time else "")
         )
-        tick.ended.append(f"{job.job_id} {ended}")
+        line = f"{job.job_id} {ended}"
 
         def note(outcome: RequeueOutcome, detail: str) -> RequeueNote:
             return RequeueNote(
@@ -387,25 +431,28 @@ class JobWatch:
 
         if where is Stage.never:
             why = f"the take-out of {inc.node} never ran, so it would land there again"
-            tick.refused.append(f"{job.job_id}: {why}")
-            return note(RequeueOutcome.refused, why)
+            return _Judged(note(RequeueOutcome.refused, why), line, f"{job.job_id}: {why}")
         if where is Stage.dry_run:
-            tick.refused.append(f"{job.job_id}: dry run: it would be requeued")
-            return note(RequeueOutcome.skipped, "dry run: decided, not applied")
+            return _Judged(
+                note(RequeueOutcome.skipped, "dry run: decided, not applied"),
+                line,
+                f"{job.job_id}: dry run: it would be requeued",
+            )
         if not verdict.requeue:
-            tick.refused.append(f"{job.job_id}: {verdict.why}")
-            return note(RequeueOutcome.refused, verdict.why)
-        self._noted.setdefault(job.job_id, {})[ran_at] = now.wall
-        return note(RequeueOutcome.noted, "requeue asked of Slurm")
+            return _Judged(
+                note(RequeueOutcome.refused, verdict.why), line, f"{job.job_id}: {verdict.why}"
+            )
+        return _Judged(note(RequeueOutcome.noted, "requeue asked of Slurm"), line)
 
     def _request(
         self,
         job_id: str,
         note: RequeueNote,
-        tick: _Tick,
         job: JobInfo | None = None,
         node: str = "",
-    ) -> RequeueNote:
+    ) -> _Asked:
+        """Ask Slurm for the requeue ``note`` records: the note after it (still ``noted``
+        after a transient error, to be asked again) and its phase line."""
         ran_at = note["restart_count"]
         try:
             if job is not None and lost_batch_host(job, node, ran_at):
@@ -416,18 +463,18 @@ class JobWatch:
                 changed = self._slurm.requeue_ended(job_id, ran_at)
         except TransientError as e:
             self._log(f"requeue of ended job {job_id}: {e}; will retry")
-            return note
+            return _Asked(note)
         except UsageError:
             why = "slurmctld no longer knows it (it forgets ended jobs after MinJobAge)"
-            tick.refused.append(f"{job_id}: {why}")
-            return _with(note, RequeueOutcome.refused, why)
+            return _Asked(_with(note, RequeueOutcome.refused, why), refused=f"{job_id}: {why}")
         except RecoverError as e:  # refused (--no-requeue after all), or unsupported here
-            tick.refused.append(f"{job_id}: {e}")
-            return _with(note, RequeueOutcome.refused, str(e))
+            return _Asked(_with(note, RequeueOutcome.refused, str(e)), refused=f"{job_id}: {e}")
         # False: the run was requeued already (our request before a restart, or another's).
         how = "requeued by the coordinator" if changed else "requeued already"
-        tick.requeued.append(f"{job_id} ({note['ended']}; {how})")
-        return _with(note, RequeueOutcome.requeued, how)
+        return _Asked(
+            _with(note, RequeueOutcome.requeued, how),
+            requeued=f"{job_id} ({note['ended']}; {how})",
+        )
 
 
 def _with(note: RequeueNote, outcome: RequeueOutcome, detail: str) -> RequeueNote:

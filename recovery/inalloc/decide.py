@@ -15,20 +15,32 @@ Slurm which of the step's nodes are gone (dropped from the job, DOWN, or DRAIN) 
   node is the training code's, and relaunching it would only fail again. Except a process
   SIGKILLed from outside (137): relaunched on the same nodes, within the budget.
 
-Nodes are named as Slurm names them. Nothing here talks to Slurm.
+The rest of the supervisor's rules are here too: a launch's status from its processes'
+(:func:`launch_status`), when srun's status is overruled (:func:`checked_status`,
+:func:`status_after_leaving`), which nodes are lost (:func:`lost_among`) and how long to wait
+for one (:func:`lost_wait_over`), what a forwarded USR1 is about (:func:`time_limit_warning`,
+:func:`usr1_about`, :func:`leave_step`), what follows a step a signal stopped
+(:func:`after_signalled_step`), and what the batch script is told (:func:`decision_line`,
+:func:`exit_status`).
+
+Nodes are named as Slurm names them. Nothing here talks to Slurm or reads a clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from recovery.contract.exits import EXIT_PREEMPTED
+from recovery.contract.exits import EXIT_FAILED, EXIT_KILLED, EXIT_PREEMPTED
 
 #: Relaunches one job may make before it falls back to a requeue.
 DEFAULT_MAX_RELAUNCHES = 3
-#: A step status of a process killed by SIGKILL (128 + 9).
-KILLED = 137
+#: A USR1 that comes this many seconds after the job lost a node, or while a node of the step
+#: is lost, is the coordinator's "save and leave" for that node (see :func:`usr1_about`).
+RECENT_LOSS_S = 120.0
+#: Seconds before the lead of Slurm's own USR1 warning (``--signal``) within which a USR1
+#: is always taken as the warning of the time limit, whatever node was lost.
+TIME_LIMIT_MARGIN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,7 @@ class Requeue:
     why: str
 
 
-Decision = Finish | Relaunch | Requeue
+StepDecision = Finish | Relaunch | Requeue
 
 
 @dataclass(frozen=True)
@@ -99,7 +111,7 @@ def after_step(
     dropped: Sequence[str],
     relaunches: int,
     max_relaunches: int,
-) -> Decision:
+) -> StepDecision:
     """Decide what follows a step that ended with ``status``.
 
     ``lost``: the job's nodes Slurm reports gone (DOWN, DRAIN, FAIL, or no longer in the
@@ -115,7 +127,7 @@ def after_step(
     if status == EXIT_PREEMPTED:
         return Finish(status, "the training step saved and stopped on a signal")
     if not step_lost:
-        if status == KILLED and relaunches < max_relaunches:
+        if status == EXIT_KILLED and relaunches < max_relaunches:
             # SIGKILLed from outside with every node in service: the kernel's OOM killer, or
             # slurmctld ending a requeued job's old run on a node that just came back (its
             # kill reaches the new run's step of the same job id). A relaunch on the same
@@ -148,3 +160,131 @@ def after_step(
 def next_layout(layout: Layout, relaunch: Relaunch) -> Layout:
     """The layout after ``relaunch``."""
     return Layout(relaunch.nodes, relaunch.spares_left, layout.batch_host)
+
+
+def ended_cleanly(status: int) -> bool:
+    """True for a status that completed (0) or saved and stopped on a signal
+    (:data:`~recovery.contract.exits.EXIT_PREEMPTED`): neither failed."""
+    return status in (0, EXIT_PREEMPTED)
+
+
+def launch_status(statuses: Sequence[int]) -> int:
+    """One launch's status from its processes', in the order they ended: the first failure
+    (the cause: the others end after it, 76 for a lost peer); else 75 when any saved and
+    stopped on a signal; else 0."""
+    for status in statuses:
+        if not ended_cleanly(status):
+            return status
+    return EXIT_PREEMPTED if EXIT_PREEMPTED in statuses else 0
+
+
+def lost_among(
+    watched: Sequence[str], held: Collection[str], bad: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """Of the ``watched`` nodes, those lost, and those of them Slurm already dropped: the ones
+    the job no longer holds (``held``: its nodes now) first, then those of ``bad`` (the held
+    ones Slurm reports DOWN, DRAIN, FAIL or not responding)."""
+    dropped = [n for n in watched if n not in held]
+    return dropped + [n for n in bad if n not in dropped], dropped
+
+
+def checked_status(status: int, step_lost: Sequence[str]) -> int:
+    """``status``, or :data:`~recovery.contract.exits.EXIT_FAILED` when it ended cleanly and
+    ``step_lost`` (the step's lost nodes) is not empty: srun can report 0 for a step whose node
+    failed under it (seen with one task: "srun: error: Node failure"), and a job that ended its
+    training early must not finish as complete. A relaunch of a run that did complete costs
+    little: it restores the final checkpoint and stops."""
+    return EXIT_FAILED if step_lost and ended_cleanly(status) else status
+
+
+def status_after_leaving(status: int) -> int:
+    """The status of a step that saved and stopped to leave a lost node (the coordinator's
+    "save and leave"): a clean one becomes :data:`~recovery.contract.exits.EXIT_FAILED`, so
+    that the step is relaunched without the node, as after a failure."""
+    return EXIT_FAILED if ended_cleanly(status) else status
+
+
+def lost_wait_over(layout: Layout, lost: Sequence[str], waited_s: float, grace_s: float) -> bool:
+    """Whether the wait, after a failed step, for Slurm to name a lost node is over: a node
+    of the step is among ``lost``, or ``grace_s`` seconds passed (``waited_s`` so far). The
+    coordinator's verdict may trail the crash it caused by a moment."""
+    return any(n in layout.step for n in lost) or waited_s >= grace_s
+
+
+def time_limit_warning(time_left: float | None, signal_lead_s: float) -> bool:
+    """Whether a USR1 that comes ``time_left`` seconds before the job's time limit (None: no
+    limit, or unknown) is Slurm's warning of that limit, sent ``signal_lead_s`` seconds ahead
+    (``--signal``): no more is left than the lead and :data:`TIME_LIMIT_MARGIN_S`."""
+    return time_left is not None and time_left <= signal_lead_s + TIME_LIMIT_MARGIN_S
+
+
+def usr1_about(
+    lost: Sequence[str],
+    batch_host: str,
+    since_loss_s: float | None,
+    lost_before: Sequence[str],
+) -> tuple[str, ...] | None:
+    """The lost nodes a USR1 that is not the time limit's warning is about: ``lost`` (the
+    job's nodes lost now); else ``lost_before`` (those of the job's last loss) when that loss
+    was ``since_loss_s`` seconds ago (None: none yet), at most :data:`RECENT_LOSS_S`. None: it
+    is not about a node (an operator's), and it stops the step and the job; so is a USR1 while
+    the batch host is lost: the job cannot give back the node its batch script runs on, and
+    leaving it means leaving the allocation (save, and the batch script requeues the job)."""
+    if batch_host in lost:
+        return None
+    if lost:
+        return tuple(lost)
+    if since_loss_s is not None and since_loss_s <= RECENT_LOSS_S:
+        return tuple(lost_before)
+    return None
+
+
+def leave_step(layout: Layout, about: Sequence[str]) -> tuple[str, ...]:
+    """Of the lost nodes a USR1 is about (:func:`usr1_about`), those the step trains on: the
+    step saves, then goes on without them. Empty: the job no longer trains on any of them,
+    and the signal is ignored."""
+    return tuple(n for n in about if n in layout.step)
+
+
+def after_signal(status: int, signal_name: str) -> Finish | Requeue:
+    """The end of a step that the forwarded signal ``signal_name`` stopped. Saved (75) or
+    complete (0): the step's status (after a USR1 the batch script requeues). Anything else -
+    the signal came while a relaunch was starting, before the training could save (the
+    coordinator's "save and leave" for a node the job already gave back does that) -
+    requeues: ending the job with it would lose the run, and the newest checkpoint and the
+    survivors' memory copies are there to resume from."""
+    if ended_cleanly(status):
+        return Finish(status, f"the step ended after {signal_name}")
+    return Requeue((), f"{signal_name} stopped the step before it could save (status {status})")
+
+
+def after_signalled_step(
+    layout: Layout, status: int, signal_name: str, *, relaunches: int, max_relaunches: int
+) -> StepDecision:
+    """What follows a step that ended with ``status`` after the forwarded signal
+    ``signal_name`` asked the job to stop: no lost node is waited for, and where
+    :func:`after_step` would end the job, :func:`after_signal` decides how."""
+    decision = after_step(
+        layout, status, lost=(), dropped=(), relaunches=relaunches, max_relaunches=max_relaunches
+    )
+    return after_signal(status, signal_name) if isinstance(decision, Finish) else decision
+
+
+def decision_line(decision: StepDecision) -> str:
+    """What the batch script reads: ``exit N`` or ``requeue``."""
+    if isinstance(decision, Requeue):
+        return "requeue"
+    if isinstance(decision, Finish):
+        return f"exit {decision.status}"
+    raise ValueError(f"not a final decision: {decision!r}")
+
+
+def exit_status(decision: StepDecision) -> int:
+    """The supervisor's own exit status after ``decision``: a :class:`Finish`'s status, 0
+    after a :class:`Requeue` (the batch script requeues on :func:`decision_line`). Raises
+    ValueError for a :class:`Relaunch`, which is no final decision."""
+    if isinstance(decision, Requeue):
+        return 0
+    if isinstance(decision, Finish):
+        return decision.status
+    raise ValueError(f"not a final decision: {decision!r}")

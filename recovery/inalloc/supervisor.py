@@ -27,18 +27,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from recovery.contract.exits import EXIT_PREEMPTED
 from recovery.errors import RecoverError
 from recovery.inalloc.decide import (
     DEFAULT_MAX_RELAUNCHES,
-    Decision,
     Finish,
     Layout,
     Relaunch,
     Requeue,
+    StepDecision,
+    after_signalled_step,
     after_step,
+    checked_status,
+    ended_cleanly,
     first_layout,
+    leave_step,
+    lost_among,
+    lost_wait_over,
     next_layout,
+    status_after_leaving,
+    time_limit_warning,
+    usr1_about,
 )
 
 #: Seconds the supervisor waits, after a failed step, for Slurm to name a lost node.
@@ -50,12 +58,6 @@ DEFAULT_STANDBY_AFTER_S = 5.0
 POLL_S = 0.25
 #: How often a running launch is looked at: its end, a signal the batch script forwarded.
 STEP_POLL_S = 0.1
-#: A USR1 that comes this many seconds after the job lost a node, or while a node of the step
-#: is lost, is the coordinator's "save and leave" for that node (see :meth:`Supervisor.forward`).
-RECENT_LOSS_S = 120.0
-#: Seconds before the lead of Slurm's own USR1 warning (``--signal``) within which a USR1
-#: is always taken as the warning of the time limit, whatever node was lost.
-TIME_LIMIT_MARGIN_S = 60.0
 
 
 class Step(Protocol):
@@ -101,7 +103,7 @@ class JobSlurm(Protocol):
 
 
 @dataclass
-class Journal:
+class SupervisorJournal:
     """Appends one JSON object per line to ``path`` (flushed each line), and keeps them."""
 
     path: Path
@@ -123,7 +125,7 @@ class Supervisor:
     command: Sequence[str]
     processes: int
     batch_host: str
-    journal: Journal
+    journal: SupervisorJournal
     max_relaunches: int = DEFAULT_MAX_RELAUNCHES
     grace_s: float = DEFAULT_GRACE_S
     standby_after_s: float | None = DEFAULT_STANDBY_AFTER_S
@@ -146,19 +148,20 @@ class Supervisor:
 
         USR1 is what the coordinator sends the jobs of a node it drains ("save and leave
         the node"), and what Slurm sends before the time limit. Here it is taken as the
-        coordinator's when a node of the job is lost, or was within :data:`RECENT_LOSS_S`,
-        and the time limit is further than the warning's lead: for a node the step still
-        trains on, the step saves and stops and is relaunched without it; for a node the
-        job already left, it is ignored. Any other signal stops the step and the job."""
+        coordinator's when a node of the job is lost, or was within
+        :data:`~recovery.inalloc.decide.RECENT_LOSS_S`, and the time limit is further than the
+        warning's lead: for a node the step still trains on, the step saves and stops and is
+        relaunched without it; for a node the job already left, it is ignored. Any other
+        signal stops the step and the job (:mod:`recovery.inalloc.decide` holds the rules)."""
         self._incoming.append(signum)
 
-    def run(self) -> Decision:
+    def run(self) -> StepDecision:
         try:
             return self._supervise()
         finally:
             self.slurm.close()
 
-    def _supervise(self) -> Decision:
+    def _supervise(self) -> StepDecision:
         job_nodes = self.slurm.job_nodes()
         layout = first_layout(job_nodes, self.batch_host, self.processes)
         self.journal(
@@ -175,17 +178,21 @@ class Supervisor:
             status = self._run_step(layout, relaunches)
             if self._leaving and self.signalled is None:
                 # Saved and stopped to leave a lost node: relaunched without it, as a failure.
-                status = 1 if status in (0, EXIT_PREEMPTED) else status
-            elif status in (0, 75) and self.signalled is None:
+                status = status_after_leaving(status)
+            elif ended_cleanly(status) and self.signalled is None:
                 status = self._check_success(layout, status)
             self._leaving = ()
-            if self.signalled is not None or status in (0, 75):
-                decision: Decision = after_step(
+            decision: StepDecision
+            if self.signalled is not None:
+                decision = after_signalled_step(
+                    layout, status, signal.Signals(self.signalled).name,
+                    relaunches=relaunches, max_relaunches=self.max_relaunches,
+                )  # fmt: skip
+            elif ended_cleanly(status):
+                decision = after_step(
                     layout, status, lost=(), dropped=(), relaunches=relaunches,
                     max_relaunches=self.max_relaunches,
                 )  # fmt: skip
-                if self.signalled is not None and isinstance(decision, Finish):
-                    decision = self._after_signal(status)
             else:
                 lost, dropped = self._wait_for_lost(layout)
                 decision = after_step(
@@ -256,7 +263,7 @@ class Supervisor:
                 if step is not None:
                     step.signal(signum)
                 continue
-            in_step = tuple(n for n in lost if n in layout.step)
+            in_step = leave_step(layout, lost)
             if not in_step:
                 why = "save and leave for nodes the job no longer trains on"
                 self.journal("signal-ignored", signal=name, lost=list(lost), why=why)
@@ -275,45 +282,23 @@ class Supervisor:
         except RecoverError as e:  # unknown: the lost node decides
             self.journal("time-left-unknown", error=str(e))
             left = None
-        if left is not None and left <= self.signal_lead_s + TIME_LIMIT_MARGIN_S:
+        if time_limit_warning(left, self.signal_lead_s):
             return None
         lost, _ = self._lost_now(layout)
-        if self.batch_host in lost:
-            # The job cannot give back the node its batch script runs on: leaving it means
-            # leaving the allocation (save, and the batch script requeues the job).
-            return None
-        if lost:
-            return tuple(lost)
-        if self._lost_at is not None and self.clock() - self._lost_at <= RECENT_LOSS_S:
-            return self._lost_before
-        return None
-
-    def _after_signal(self, status: int) -> Decision:
-        """The end of a step a forwarded signal stopped. Saved (75) or complete (0): the
-        step's status (after a USR1 the batch script requeues). Anything else - the signal
-        came while a relaunch was starting, before the training could save (the
-        coordinator's "save and leave" for a node the job already gave back does that) -
-        requeues: ending the job with it would lose the run, and the newest checkpoint and
-        the survivors' memory copies are there to resume from."""
-        name = signal.Signals(self.signalled).name if self.signalled else "a signal"
-        if status in (0, EXIT_PREEMPTED):
-            return Finish(status, f"the step ended after {name}")
-        return Requeue((), f"{name} stopped the step before it could save (status {status})")
+        since = None if self._lost_at is None else self.clock() - self._lost_at
+        return usr1_about(lost, self.batch_host, since, self._lost_before)
 
     def _check_success(self, layout: Layout, status: int) -> int:
-        """``status``, or 1 when one of the step's nodes is lost: srun can report 0 for a step
-        whose node failed under it (seen with one task: "srun: error: Node failure"), and a
-        job that ended its training early must not finish as complete. A relaunch of a run
-        that did complete costs little: it restores the final checkpoint and stops."""
+        """``status`` as :func:`~recovery.inalloc.decide.checked_status` takes it, given the
+        step's nodes Slurm reports lost now (journaled when it is overruled)."""
         held = set(self.slurm.job_nodes())
-        watched = list(layout.step)
-        lost = [n for n in watched if n not in held]
-        lost += [n for n in self.slurm.bad_nodes([n for n in watched if n in held])]
-        if not lost:
-            return status
-        why = "a node of the step is lost: srun's status is not the training's"
-        self.journal("status-overruled", status=status, lost=lost, why=why)
-        return 1
+        bad = self.slurm.bad_nodes([n for n in layout.step if n in held])
+        lost, _ = lost_among(layout.step, held, bad)
+        checked = checked_status(status, lost)
+        if checked != status:
+            why = "a node of the step is lost: srun's status is not the training's"
+            self.journal("status-overruled", status=status, lost=lost, why=why)
+        return checked
 
     def _wait_for_lost(self, layout: Layout) -> tuple[list[str], list[str]]:
         """The job's lost nodes and those Slurm already dropped, waiting up to ``grace_s`` for
@@ -323,7 +308,7 @@ class Supervisor:
         while True:
             lost, dropped = self._lost_now(layout)
             waited = self.clock() - started
-            if any(n in layout.step for n in lost) or waited >= self.grace_s:
+            if lost_wait_over(layout, lost, waited, self.grace_s):
                 self.journal("lost", nodes=lost, dropped=dropped, waited_s=round(waited, 3))
                 if lost:
                     self._lost_at, self._lost_before = self.clock(), tuple(lost)
@@ -336,24 +321,14 @@ class Supervisor:
         (it is in the job while it lives; a DRAIN on it is a loss like any other)."""
         watched = list(layout.step) + list(layout.spares)
         held = set(self.slurm.job_nodes())
-        dropped = [n for n in watched if n not in held]
         bad = self.slurm.bad_nodes([n for n in watched if n in held])
-        return dropped + [n for n in bad if n not in dropped], dropped
+        return lost_among(watched, held, bad)
 
-    def _decided(self, decision: Decision) -> None:
+    def _decided(self, decision: StepDecision) -> None:
         if isinstance(decision, Finish):
             self.journal("finish", status=decision.status, why=decision.why)
         elif isinstance(decision, Requeue):
             self.journal("requeue", lost=list(decision.lost), why=decision.why)
-
-
-def decision_line(decision: Decision) -> str:
-    """What the batch script reads: ``exit N`` or ``requeue``."""
-    if isinstance(decision, Requeue):
-        return "requeue"
-    if isinstance(decision, Finish):
-        return f"exit {decision.status}"
-    raise ValueError(f"not a final decision: {decision!r}")
 
 
 def install_forwarding(supervisor: Supervisor) -> None:

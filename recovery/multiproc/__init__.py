@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from recovery.errors import PeerLostError
+from recovery.contract.exits import EXIT_PEER_LOST
 from recovery.multiproc.group import Channel, Gathering, Group, OnLost, PeerLost
 from recovery.multiproc.jaxjoin import free_port, join_jax, leave_jax
 from recovery.multiproc.rendezvous import HEARTBEAT_S, JOIN_TIMEOUT_S, SILENCE_S, join
@@ -35,9 +35,6 @@ from recovery.multiproc.topology import (
     parse_address,
     topology_from_env,
 )
-
-#: Exit status of a process that stopped because a peer was lost (76, EX_PROTOCOL).
-EXIT_PEER_LOST = PeerLostError.exit_code
 
 __all__ = [
     "ENV_GROUP",

@@ -29,7 +29,6 @@ from recovery.policy.config import (
 from recovery.policy.decide import DRIVER_VERDICTS, decide
 from recovery.policy.placement import choose_spare, topology_group
 from recovery.policy.repair import RepairVerdict, advance_repaired, on_repaired
-from recovery.policy.replay import ReplayDifference, differences, replay
 from recovery.policy.state import (
     ClusterView,
     Failure,
@@ -40,6 +39,7 @@ from recovery.policy.state import (
     incident_id,
     rebuild,
 )
+from recovery.policy.whatif import ReplayDifference, differences, replay
 
 __all__ = [
     "DRIVER_VERDICTS",

@@ -50,6 +50,7 @@ def start_agents(
     env: Mapping[str, str] | None = None,
     timeout_s: float = 30.0,
     connected: Callable[[], set[str]] | None = None,
+    clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, int]:
     """Start an agent for every node in ``nodes`` that has none running; returns node -> pid.
@@ -76,10 +77,10 @@ def start_agents(
     atomic_write(state_dir / AGENTS_FILE, (json.dumps(pids, indent=2) + "\n").encode())
     if connected is None:
         return pids
-    deadline = time.monotonic() + timeout_s
+    deadline = clock() + timeout_s
     while not set(nodes) <= connected():
         dead = [n for n, p in pids.items() if not alive(p)]
-        if dead or time.monotonic() > deadline:
+        if dead or clock() > deadline:
             why = f"exited: {', '.join(dead)}" if dead else f"not connected within {timeout_s:g} s"
             log = node_dir(state_dir, (dead or list(nodes))[0]) / "agent.log"
             raise CoordinatorUnavailableError(f"node agents {why}; see {log}")

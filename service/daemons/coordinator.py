@@ -84,7 +84,11 @@ def start(
 
 
 def stop(
-    state_dir: Path, *, grace_s: float = 10.0, sleep: Callable[[float], None] = time.sleep
+    state_dir: Path,
+    *,
+    grace_s: float = 10.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> bool:
     """SIGTERM the coordinator recorded in ``state_dir`` (SIGKILL after ``grace_s`` seconds).
     Returns False when none was running."""
@@ -94,8 +98,8 @@ def stop(
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(ep.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and alive(ep.pid):
+    deadline = clock() + grace_s
+    while clock() < deadline and alive(ep.pid):
         sleep(0.05)
     if alive(ep.pid):
         with contextlib.suppress(ProcessLookupError):

@@ -72,3 +72,23 @@ def test_background_hands_back_the_digest_or_the_error(tmp_path: Path) -> None:
     failing = Background(JobSpec(steps=8, save_every=2), tmp_path, train=Trainer(status=1))
     with pytest.raises(RecoverError, match="exit 1"):
         failing.result()
+
+
+#: A command job whose "training" logs the value of $PROBE as its final digest.
+PROBE_COMMAND = [
+    "{python}", "-c",
+    "import json, os, sys; os.makedirs(sys.argv[1], exist_ok=True); "
+    "open(os.path.join(sys.argv[1], 'events.jsonl'), 'w').write(json.dumps(dict("
+    "event='completed', state_digest=os.environ.get('PROBE', 'unset'))))",
+    "{run_dir}",
+]  # fmt: skip
+
+
+def test_the_control_run_starts_with_the_scenario_s_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner's environment (``RunOptions.env``), not this process's, as the job's."""
+    monkeypatch.setenv("PROBE", "this-process")
+    job = JobSpec(steps=1, save_every=1, command=PROBE_COMMAND)
+    control = Background(job, tmp_path, env={"PROBE": "the-scenario"})
+    assert control.result() == "the-scenario"

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
 from recover import main
+from recovery.contract.memplace import node_key
 from recovery.errors import ClusterError, UsageError
 from recovery.pool.spares import is_ready_spare
 from recovery.statedir import Endpoint
@@ -37,6 +38,7 @@ from slurm.clusterinfo import (
 )
 from slurm.rest_slurm import RestSlurm
 from slurm.restd import RestEndpoint, jwt_plugin_installed
+from tests.helpers import record_gone_cluster
 from tests.slurm.helpers import require_local_slurm
 
 
@@ -81,12 +83,22 @@ class FakeBringUp:
 
     def __init__(self, tmp_path: Path, *, fail: BaseException | None = None) -> None:
         self.specs: list[bringup.LocalSpec] = []
+        self.envs: list[Mapping[str, str] | None] = []
         self.downs: list[Path] = []
+        self.down_envs: list[Mapping[str, str] | None] = []
         self.fail = fail
         self.tmp = tmp_path
 
-    def up(self, state: Path, spec: bringup.LocalSpec, *, log: Callable[[str], None]) -> LocalUp:
+    def up(
+        self,
+        state: Path,
+        spec: bringup.LocalSpec,
+        *,
+        log: Callable[[str], None],
+        env: Mapping[str, str] | None = None,
+    ) -> LocalUp:
         self.specs.append(spec)
+        self.envs.append(env)
         if self.fail is not None:
             raise self.fail
         names, spares = node_names(spec.nodes, spec.spares)
@@ -103,8 +115,9 @@ class FakeBringUp:
         log(f"cluster up: nodes {', '.join(names)}")
         return LocalUp(info, restd, Endpoint("http://127.0.0.1:8470", 1, coord), {})
 
-    def down(self, state: Path) -> list[str]:
+    def down(self, state: Path, env: Mapping[str, str] | None = None) -> list[str]:
         self.downs.append(state)
+        self.down_envs.append(env)
         return []
 
 
@@ -155,6 +168,24 @@ def test_the_cli_backend_is_the_local_cluster_s_commands(
     assert isinstance(rig.slurm, CliSlurm)
     assert rig.slurm.conf_path == tmp_path / "slurm" / "slurm.conf"
     assert rig.slurm.jwt_file is None  # the local cluster's munge, not another's token
+
+
+def test_the_scenario_s_environment_reaches_every_local_part(
+    tmp_path: Path, fake_bringup: FakeBringUp
+) -> None:
+    """The runner's environment, not this process's: the parts start with it, and a node
+    crash empties the memory tier where its jobs keep their copies (RECOVER_MEMORY_DIR)."""
+    shm = tmp_path / "shm"
+    env = {"RECOVER_MEMORY_DIR": str(shm), "PATH": "/usr/bin"}
+    rig = bring_up(ClusterSpec(), tmp_path, lambda _: None, SlurmAccess("cli"), env)
+    assert fake_bringup.envs == [env]
+    assert rig.local is not None
+    conf = record_gone_cluster(rig.local.state, ("node1",))
+    (shm / node_key("node1", str(conf))).mkdir(parents=True)
+    rig.local.cluster.crash_node("node1")
+    assert not (shm / node_key("node1", str(conf))).exists()
+    rig.down()
+    assert fake_bringup.down_envs == [env]
 
 
 def test_an_unknown_backend_is_refused_before_anything_starts(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery.contract.exits import EXIT_PREEMPTED as PREEMPTED_STATUS  # the trainer's status
+from recovery.contract.exits import EXIT_PREEMPTED
 from recovery.errors import UsageError
 from slurm.sbatch import (
     default_processes,
@@ -127,7 +127,7 @@ def test_term_is_forwarded_and_its_status_kept_without_requeue(tmp_path: Path) -
     status, log, calls = run_script(tmp_path, steps=300, send=signal.SIGTERM)
     assert log == ["started", "TERM"]
     assert calls == ""
-    assert status == PREEMPTED_STATUS
+    assert status == EXIT_PREEMPTED
 
 
 # Signals the batch shell first thing, possibly before that shell learnt its pid ($!). All of
@@ -154,7 +154,7 @@ def test_a_signal_before_training_is_known_is_still_forwarded(tmp_path: Path, at
     script = tmp_path / "job.sbatch"
     script.write_text(render_batch_script(["bash", str(stand_in), str(log)], signal_lead_s=60))
     proc = subprocess.run(["bash", str(script)], timeout=20, check=False)
-    assert (proc.returncode, log.read_text()) == (PREEMPTED_STATUS, "TERM\n")
+    assert (proc.returncode, log.read_text()) == (EXIT_PREEMPTED, "TERM\n")
 
 
 @pytest.mark.parametrize("exit_status", [0, 3])
@@ -260,7 +260,7 @@ def test_a_job_that_cannot_be_requeued_says_how_to_resume(tmp_path: Path) -> Non
     with the preempted status, and the output says what to do."""
     status, log, calls = run_k_script(tmp_path, send=signal.SIGUSR1, requeue_status=1)
     assert log == ["started", "USR1"]
-    assert status == PREEMPTED_STATUS
+    assert status == EXIT_PREEMPTED
     assert "cannot be requeued (--no-requeue?)" in calls[-1]
     assert "submit the same command to resume" in calls[-1]
 

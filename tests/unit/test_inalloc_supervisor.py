@@ -11,9 +11,17 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import SlurmRefusedError
-from recovery.inalloc.decide import Finish, Relaunch, Requeue, after_step, first_layout
-from recovery.inalloc.supervisor import Journal, Supervisor, decision_line
-from slurm.jobstep import launch_status, parse_time_left
+from recovery.inalloc.decide import (
+    Finish,
+    Relaunch,
+    Requeue,
+    after_step,
+    decision_line,
+    first_layout,
+    launch_status,
+)
+from recovery.inalloc.supervisor import Supervisor, SupervisorJournal
+from slurm.jobstep import parse_time_left
 
 
 @dataclass
@@ -93,9 +101,9 @@ class FakeJob:
         self.standby.clear()
 
 
-def _run(job: FakeJob, tmp_path: Path, **kw: object) -> tuple[object, Journal]:
+def _run(job: FakeJob, tmp_path: Path, **kw: object) -> tuple[object, SupervisorJournal]:
     clock = iter(range(10_000))
-    journal = Journal(tmp_path / "sup.jsonl")
+    journal = SupervisorJournal(tmp_path / "sup.jsonl")
     sup = Supervisor(
         slurm=job,
         command=["recover", "train"],
@@ -243,7 +251,11 @@ def test_a_lost_batch_host_requeues() -> None:
 def test_a_forwarded_signal_reaches_the_step_and_stops_relaunches(tmp_path: Path) -> None:
     job = FakeJob(["n1", "n2", "n3"], [75])
     sup = Supervisor(
-        slurm=job, command=["x"], processes=2, batch_host="n1", journal=Journal(tmp_path / "j")
+        slurm=job,
+        command=["x"],
+        processes=2,
+        batch_host="n1",
+        journal=SupervisorJournal(tmp_path / "j"),
     )
     sup.forward(signal.SIGUSR1)  # before the step starts: passed on when it does
     decision = sup.run()
@@ -267,8 +279,9 @@ def _signal_as_the_relaunch_starts(job: FakeJob, sup: Supervisor, signum: int) -
 def _sup(job: FakeJob, tmp_path: Path) -> Supervisor:
     clock = iter(range(10_000))
     return Supervisor(
-        slurm=job, command=["x"], processes=2, batch_host="n1", journal=Journal(tmp_path / "j"),
-        clock=lambda: float(next(clock)), sleep=lambda _s: None,
+        slurm=job, command=["x"], processes=2, batch_host="n1",
+        journal=SupervisorJournal(tmp_path / "j"), clock=lambda: float(next(clock)),
+        sleep=lambda _s: None,
     )  # fmt: skip
 
 

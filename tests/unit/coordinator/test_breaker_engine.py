@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery.coordinator.replay import replay_history
+from recovery.coordinator.history_replay import replay_history
 from recovery.policy import BreakerConfig, PolicyConfig
 from recovery.ports.journal import ActionStatus
 from tests.fakes.slurm import FakeSlurm

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery.coordinator.replay import replay_history
+from recovery.coordinator.history_replay import replay_history
 from recovery.model import Decision, PromoteSpare, TakeDown, Verdict, action_from_json
 from recovery.policy import BreakerConfig, PolicyConfig, SpareTopology
 from recovery.ports.journal import ActionStatus

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recovery.coordinator.replay import replay_history
+from recovery.coordinator.history_replay import replay_history
 from recovery.errors import UsageError
 from recovery.policy import ReplayDifference, load_catalogue, load_policy_config
 from recovery.ports.clock import SystemClock
