@@ -201,15 +201,15 @@ class CheckpointManager:
         self._writer()
         t = time.perf_counter()
         self._saver.wait()
-        host = pytree.flatten(state, private=self._async)
+        host, keys = pytree.flatten(state, private=self._async)
         meta = dict(metadata or {})
         if self.processes is not None:
             meta.setdefault("processes", self.processes.size)
         # Checked here, not only on the saving thread: bad input is the caller's error now,
         # not a BackgroundSaveError at the next call.
-        commit.checked_input(step, host, self.run_config, meta)
+        commit.checked_input(step, host, self.run_config, meta, keys)
         blocked = self._blocked[step] = time.perf_counter() - t
-        self._saver.save(step, host, run_config=self.run_config, metadata=meta)
+        self._saver.save(step, host, run_config=self.run_config, metadata=meta, key_impls=keys)
         if not self._async:
             return self._saver.wait()
         if blocked > 1.0:
@@ -283,7 +283,7 @@ class CheckpointManager:
         """
         t = time.perf_counter()
         loaded, skipped = self._load(step)
-        state = pytree.unflatten(template, loaded.arrays)
+        state = pytree.unflatten(template, loaded.arrays, loaded.key_impls)
         return self._restored(loaded, state, skipped, t)
 
     def restore_or_none(self, template: T) -> Restored[T] | None:

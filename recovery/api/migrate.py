@@ -201,4 +201,4 @@ def _read_pytree(directory: Path) -> dict[str, np.ndarray]:
         lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree
     )
     state = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(restore_args=restore_args))
-    return pytree.flatten(state, private=False)
+    return pytree.flatten(state, private=False).arrays

@@ -1,37 +1,60 @@
 """Training states as the store's flat ``leaf path -> numpy array`` mappings, and back.
 
 Builds on :mod:`recovery.checkpoint.tree` (the paths ``recover train`` uses) with what user
-code brings: Flax and Optax states (dataclasses, named tuples, custom pytree nodes), Python
-scalars as leaves (``TrainState.create`` starts ``step`` at the int 0), mutable numpy leaves,
-and JAX arrays whose buffers a jitted step may donate while a background save still reads them.
+code brings: Flax and Optax states (dataclasses, named tuples, custom pytree nodes, Flax NNX
+``State``), Python scalars as leaves (``TrainState.create`` starts ``step`` at the int 0),
+mutable numpy leaves, JAX arrays whose buffers a jitted step may donate while a background
+save still reads them, and typed PRNG keys (``jax.random.key``, what ``nnx.Rngs`` holds).
+
+A typed key has no numpy form, so a leaf of keys is stored as its ``jax.random.key_data``
+(plain ``uint32``) with its key implementation recorded beside it in the manifest; a restore
+whose template holds keys of that implementation wraps the data back into the same keys.
 
 Imports JAX inside the functions, so that ``import recovery.api`` does not.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from recovery.errors import CheckpointError, UsageError
 
+if TYPE_CHECKING:
+    import jax
+
 _SCALARS = (bool, int, float, complex)
 # numpy dtype kinds a Python scalar leaf of each type may be restored from
 _SCALAR_KINDS = {bool: "b", int: "biu", float: "biuf", complex: "biufc"}
+# The Python ints numpy stores in 64 bits (int64, or uint64 above its range).
+_INT_RANGE = range(-(2**63), 2**64)
 
 
-def flatten(state: Any, *, private: bool) -> dict[str, np.ndarray]:
+class Flat(NamedTuple):
+    """A state as the store saves it."""
+
+    arrays: dict[str, np.ndarray]
+    """``leaf path -> host array``, in the tree's order; a leaf of PRNG keys as its data."""
+    key_impls: dict[str, str]
+    """``leaf path -> key implementation`` of the leaves that were typed PRNG keys."""
+
+
+def flatten(state: Any, *, private: bool) -> Flat:
     """Host arrays of every leaf of ``state``, keyed by leaf path (``params/dense/kernel``).
 
     With ``private`` every array is one nobody else can change or free while a background
     save reads it: numpy leaves are copied (the caller may update them in place), and so are
     JAX arrays on the CPU backend, whose host view shares the device buffer that a jitted step
     with ``donate_argnums`` reuses. Arrays on an accelerator come back as fresh host copies.
+    A leaf of typed PRNG keys becomes its ``jax.random.key_data``, its implementation noted
+    in :attr:`Flat.key_impls`. ``None`` is an empty subtree in JAX, not a leaf: nothing is
+    saved for it, and a template's ``None`` restores as ``None``.
 
     Raises:
-        UsageError: a leaf is not an array or a number (a string, an object), or two leaves
-            get the same path (a dict key containing ``/`` next to a nested key).
+        UsageError: a leaf is not an array or a number (a string, bytes, an object), an int
+            beyond 64 bits, or two leaves get the same path (a dict key containing ``/`` next
+            to a nested key). The message names the leaf.
     """
     import jax
 
@@ -39,7 +62,8 @@ def flatten(state: Any, *, private: bool) -> dict[str, np.ndarray]:
 
     items = tree.leaf_paths(state)
     seen: set[str] = set()
-    for path, leaf in items:
+    key_impls: dict[str, str] = {}
+    for i, (path, leaf) in enumerate(items):
         if path in seen:
             raise UsageError(
                 f"two leaves of the state have the path {path!r}; rename the key that "
@@ -52,6 +76,14 @@ def flatten(state: Any, *, private: bool) -> dict[str, np.ndarray]:
                 "numbers only (mark other fields static, e.g. flax.struct.field(pytree_node="
                 "False))"
             )
+        if type(leaf) is int and leaf not in _INT_RANGE:
+            raise UsageError(
+                f"leaf {path!r} is the int {leaf}, beyond 64 bits; a checkpoint holds ints "
+                f"from {_INT_RANGE.start} to {_INT_RANGE.stop - 1}"
+            )
+        if isinstance(leaf, jax.Array) and _is_keys(leaf):
+            key_impls[path] = str(jax.random.key_impl(leaf))
+            items[i] = (path, jax.random.key_data(leaf))
     # An array sharded over several processes' devices: every process needs all of it (each
     # writes a share of the save), so it is gathered here - a collective of every process,
     # which all of them reach because they all save the same steps.
@@ -72,7 +104,30 @@ def flatten(state: Any, *, private: bool) -> dict[str, np.ndarray]:
     for _, leaf in items:
         if isinstance(leaf, jax.Array):
             leaf.copy_to_host_async()
-    return {path: _host(leaf, private=private) for path, leaf in items}
+    return Flat({path: _host(leaf, private=private) for path, leaf in items}, key_impls)
+
+
+def _is_keys(leaf: Any) -> bool:
+    """Whether ``leaf`` (an array or a ``jax.ShapeDtypeStruct``) holds typed PRNG keys."""
+    import jax
+
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and bool(jax.numpy.issubdtype(dtype, jax.dtypes.prng_key))
+
+
+def _key_layout(leaf: Any) -> tuple[str, jax.ShapeDtypeStruct]:
+    """The key implementation of a leaf of typed keys (an array or a ``ShapeDtypeStruct``)
+    and the shape and dtype of its key data; nothing is computed."""
+    import jax
+
+    impls: list[str] = []
+
+    def data(keys: jax.Array) -> jax.Array:
+        impls.append(str(jax.random.key_impl(keys)))
+        return jax.random.key_data(keys)
+
+    layout = jax.eval_shape(data, leaf)
+    return impls[0], layout
 
 
 def _host(leaf: Any, *, private: bool) -> np.ndarray:
@@ -85,28 +140,58 @@ def _host(leaf: Any, *, private: bool) -> np.ndarray:
     return np.array(leaf, copy=True)
 
 
-def unflatten(template: Any, arrays: dict[str, np.ndarray]) -> Any:
+def unflatten(
+    template: Any, arrays: dict[str, np.ndarray], key_impls: dict[str, str] | None = None
+) -> Any:
     """A tree shaped like ``template`` holding ``arrays``.
 
     Template leaves may be arrays, ``jax.ShapeDtypeStruct`` (from ``jax.eval_shape``) or
     Python numbers. A leaf with a ``sharding`` gets its array placed that way, a
     ``ShapeDtypeStruct`` without one goes to the default device; numpy leaves stay numpy; a
-    Python number comes back as a number of the same type.
+    Python number comes back as a number of the same type. A template leaf of typed PRNG
+    keys takes the saved key data of the same implementation (``key_impls``, from the
+    manifest) back as those keys, bit for bit, placed like the template's.
 
     Raises:
-        CheckpointError: the saved leaves do not match the template (names, dtypes, shapes),
-            naming each difference.
+        CheckpointError: the saved leaves do not match the template (names, dtypes, shapes,
+            PRNG keys of another implementation or none at all), naming each difference.
+        UsageError: a template leaf of keys has a sharding other than a ``NamedSharding``
+            or a single device's.
     """
     import jax
 
     from recovery.checkpoint import tree
 
+    key_impls = key_impls or {}
     paths = [p for p, _ in tree.leaf_paths(template)]
     leaves, treedef = jax.tree_util.tree_flatten(template)
     scalar_types: dict[int, type] = {}
+    keys: dict[int, str] = {}
     default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     for i, (path, leaf) in enumerate(zip(paths, leaves, strict=True)):
-        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
+        saved_impl = key_impls.get(path) if path in arrays else None
+        if _is_keys(leaf):
+            impl, data = _key_layout(leaf)
+            if path in arrays and saved_impl != impl:
+                saved = arrays[path]
+                held = (
+                    f"holds {saved_impl} PRNG keys"
+                    if saved_impl
+                    else f"is {saved.dtype}{list(saved.shape)}, not PRNG keys"
+                )
+                raise CheckpointError(
+                    f"checkpoint leaf {path} {held}; the model expects {impl} keys"
+                    f"{list(leaf.shape)}"
+                )
+            sharding = _data_sharding(path, getattr(leaf, "sharding", None) or default)
+            leaves[i] = jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)  # type: ignore[no-untyped-call]
+            keys[i] = impl
+        elif saved_impl is not None:
+            raise CheckpointError(
+                f"checkpoint leaf {path} holds {saved_impl} PRNG keys; the model expects "
+                f"{_expected(leaf)}"
+            )
+        elif isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
             # jax.eval_shape's leaves: JAX arrays were asked for, on the default device.
             leaves[i] = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=default)  # type: ignore[no-untyped-call]
         elif isinstance(leaf, _SCALARS) and path in arrays:
@@ -120,9 +205,32 @@ def unflatten(template: Any, arrays: dict[str, np.ndarray]) -> Any:
             scalar_types[i] = kind
             leaves[i] = jax.ShapeDtypeStruct((), saved.dtype)  # type: ignore[no-untyped-call]
     restored = tree.from_host(jax.tree_util.tree_unflatten(treedef, leaves), arrays)
-    if not scalar_types:
+    if not scalar_types and not keys:
         return restored
     out: list[Any] = jax.tree_util.tree_leaves(restored)
     for i, kind in scalar_types.items():
         out[i] = kind(out[i].item())
+    for i, impl in keys.items():
+        # Eager, and placed as the data was: each process wraps its own shards.
+        out[i] = jax.random.wrap_key_data(out[i], impl=impl)
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _data_sharding(path: str, sharding: Any) -> Any:
+    """Where the data of keys laid out by ``sharding`` goes: the same mesh and partition
+    (the data's extra last axis, the words of one key, is not split), or the same device."""
+    import jax
+
+    if isinstance(sharding, jax.sharding.NamedSharding | jax.sharding.SingleDeviceSharding):
+        return sharding
+    raise UsageError(
+        f"template leaf {path!r} holds PRNG keys laid out by a {type(sharding).__name__}; "
+        "keys are restored onto a NamedSharding or a SingleDeviceSharding"
+    )
+
+
+def _expected(leaf: Any) -> str:
+    """What a template leaf asks for, as the errors say it."""
+    if isinstance(leaf, _SCALARS):
+        return f"a Python {type(leaf).__name__}"
+    return f"{np.dtype(leaf.dtype)}{list(np.shape(leaf))}"

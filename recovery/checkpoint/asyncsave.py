@@ -59,8 +59,10 @@ class AsyncCheckpointer:
         *,
         run_config: Mapping[str, Any],
         metadata: Mapping[str, Any] | None = None,
+        key_impls: Mapping[str, str] | None = None,
     ) -> None:
-        """Start saving ``step``; first waits for (and reports) the previous save."""
+        """Start saving ``step``; first waits for (and reports) the previous save.
+        ``key_impls``: as :meth:`CheckpointStore.save`."""
         self.wait()
         self._pending_step = step
         self._saves += 1
@@ -69,11 +71,14 @@ class AsyncCheckpointer:
         def run() -> None:
             try:
                 if peers is None:
-                    result = self.store.save(step, arrays, run_config=run_config, metadata=metadata)
+                    result = self.store.save(
+                        step, arrays, run_config=run_config, metadata=metadata,
+                        key_impls=key_impls,
+                    )  # fmt: skip
                 else:
                     result = self.store.save_shared(
                         step, arrays, peers=peers, save_index=index,
-                        run_config=run_config, metadata=metadata,
+                        run_config=run_config, metadata=metadata, key_impls=key_impls,
                     )  # fmt: skip
                 self._result = result
                 if self._on_saved is not None:

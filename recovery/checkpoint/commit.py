@@ -62,13 +62,21 @@ def checked_input(
     arrays: Mapping[str, np.ndarray],
     run_config: Mapping[str, Any],
     metadata: Mapping[str, Any],
+    key_impls: Mapping[str, str] | None = None,
 ) -> list[Leaf]:
     """The leaves to save as ``(path, array)``, once the whole input is known to be storable.
 
+    ``key_impls`` names the leaves that hold the data of JAX PRNG keys, with each one's key
+    implementation (:attr:`recovery.checkpoint.format.LeafEntry.key_impl`).
+
     Raises:
         UsageError: negative step, a leaf whose dtype cannot be stored (objects, strings,
-            structured), or a run configuration / metadata that is not plain JSON.
+            structured), a run configuration / metadata that is not plain JSON, or a key
+            implementation for a path that is no leaf.
     """
+    unknown = sorted(set(key_impls or {}) - set(arrays))
+    if unknown:
+        raise UsageError(f"key implementations given for paths that are no leaf: {unknown}")
     if step < 0:
         raise UsageError(f"checkpoint step must be >= 0, got {step}")
     for what, value in (("run configuration", run_config), ("metadata", metadata)):
@@ -79,7 +87,11 @@ def checked_input(
     items = [(path, np.asarray(a)) for path, a in arrays.items()]
     for path, a in items:
         if not io.storable(a.dtype):
-            raise UsageError(f"leaf {path!r} has dtype {a.dtype} which cannot be stored")
+            raise UsageError(
+                f"leaf {path!r} has dtype {a.dtype}, which cannot be stored: a checkpoint "
+                "holds arrays of plain values (bfloat16, float32, int8, bool, datetime64, ...), "
+                "not strings, bytes, objects or structured records"
+            )
     return items
 
 
@@ -104,7 +116,11 @@ def new_tmp_dir(root: Path, final: Path) -> Path:
 
 
 def write_data(
-    tmp: Path, items: Sequence[Leaf], *, workers: int
+    tmp: Path,
+    items: Sequence[Leaf],
+    *,
+    workers: int,
+    key_impls: Mapping[str, str] | None = None,
 ) -> tuple[list[fmt.LeafEntry], list[fmt.FileEntry]]:
     """Pack ``items`` into at most ``workers`` data files in ``tmp``, written in parallel and
     each fsynced; return the manifest entries of the leaves (in ``items`` order) and files.
@@ -115,7 +131,7 @@ def write_data(
     views = [io.as_bytes(a) for _, a in items]
     plan = io.plan_files([len(v) for v in views], max_files=workers)
     written = write_files(tmp, views, plan, range(len(plan)), workers=workers)
-    return manifest_entries(items, plan, written)
+    return manifest_entries(items, plan, written, key_impls)
 
 
 Written = dict[int, tuple[list[tuple[int, str]], int]]
@@ -145,10 +161,14 @@ def write_files(
 
 
 def manifest_entries(
-    items: Sequence[Leaf], plan: Sequence[Sequence[int]], written: Written
+    items: Sequence[Leaf],
+    plan: Sequence[Sequence[int]],
+    written: Written,
+    key_impls: Mapping[str, str] | None = None,
 ) -> tuple[list[fmt.LeafEntry], list[fmt.FileEntry]]:
     """The manifest's leaf entries (in ``items`` order) and file entries, once every file of
-    ``plan`` is ``written``."""
+    ``plan`` is ``written``; a leaf named in ``key_impls`` records its key implementation."""
+    key_impls = key_impls or {}
     placement: dict[int, tuple[str, int, str]] = {}
     for f in range(len(plan)):
         placed, _ = written[f]
@@ -163,6 +183,7 @@ def manifest_entries(
             shape=tuple(a.shape),
             nbytes=a.nbytes,
             digest=placement[i][2],
+            key_impl=key_impls.get(path),
         )
         for i, (path, a) in enumerate(items)
     ]

@@ -119,9 +119,14 @@ class LeafEntry:
     """Bytes of the leaf: ``prod(shape) * itemsize``."""
     digest: str
     """xxh3-128 of the leaf's bytes, 32 lowercase hex digits."""
+    key_impl: str | None = None
+    """For an array of JAX typed PRNG keys (``jax.random.key``): the key implementation
+    (``threefry2x32``, ``rbg``, ...), the bytes being the keys' ``jax.random.key_data``;
+    None for any other array. Optional in the manifest, so that a manifest without keys is
+    what it was before keys could be saved."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        entry: dict[str, Any] = {
             "path": self.path,
             "file": self.file,
             "offset": self.offset,
@@ -130,6 +135,9 @@ class LeafEntry:
             "nbytes": self.nbytes,
             "digest": self.digest,
         }
+        if self.key_impl is not None:
+            entry["key_impl"] = self.key_impl
+        return entry
 
 
 @dataclass(frozen=True)
@@ -250,6 +258,9 @@ def parse_manifest(raw: bytes, *, dir_step: int) -> Manifest:
                 raise ManifestInvalid(f"manifest leaf {i} has an invalid {key} {leaf[key]!r}")
         if leaf["file"] not in files:
             raise ManifestInvalid(f"manifest leaf {i} names an unknown data file {leaf['file']!r}")
+        key_impl = leaf.get("key_impl")
+        if key_impl is not None and not (isinstance(key_impl, str) and key_impl):
+            raise ManifestInvalid(f"manifest leaf {i} has an invalid key_impl {key_impl!r}")
         leaves.append(
             LeafEntry(
                 path=leaf["path"],
@@ -259,6 +270,7 @@ def parse_manifest(raw: bytes, *, dir_step: int) -> Manifest:
                 shape=tuple(int(d) for d in leaf["shape"]),
                 nbytes=leaf["nbytes"],
                 digest=leaf["digest"],
+                key_impl=key_impl,
             )
         )
     if obj["run_config_id"] != config_identity(obj["run_config"]):
@@ -288,18 +300,26 @@ def config_differences(
 
 
 def state_digest(leaves: Iterable[LeafEntry]) -> str:
-    """Digest of a whole saved state: every leaf's path, dtype, shape and content digest.
+    """Digest of a whole saved state: every leaf's path, dtype, shape and content digest,
+    and the key implementation of a leaf of PRNG keys (two key implementations with the
+    same key data are different states; a state without keys digests as it always did).
 
     Two states are bit-identical exactly when their digests match; computing it costs no
     extra pass over the data because leaf digests are taken while writing or verifying.
     """
-    rows = [[leaf.path, leaf.dtype, list(leaf.shape), leaf.digest] for leaf in leaves]
+    rows = [
+        [leaf.path, leaf.dtype, list(leaf.shape), leaf.digest]
+        + ([] if leaf.key_impl is None else [leaf.key_impl])
+        for leaf in leaves
+    ]
     return str(xxhash.xxh3_128_hexdigest(canonical_json(rows)))
 
 
 def arrays_digest(arrays: Mapping[str, np.ndarray]) -> str:
     """:func:`state_digest` of ``arrays`` held in memory (path -> array, in the order they
-    would be saved): equal to the digest of their checkpoint, without writing one."""
+    would be saved): equal to the digest of their checkpoint, without writing one (for a
+    state without PRNG keys: a leaf of keys adds its implementation, which plain arrays do
+    not carry)."""
     rows = []
     for path, a in arrays.items():
         data = np.asarray(a)  # (np.ascontiguousarray would make a scalar one-dimensional)

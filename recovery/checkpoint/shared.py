@@ -74,11 +74,13 @@ def save_shared(
     retention: RetentionPolicy | None,
     workers: int,
     now: float,
+    key_impls: Mapping[str, str] | None = None,
 ) -> SaveResult:
     """Save ``step`` together with the other processes (see the module docstring).
 
     ``save_index`` counts this launch's saves (the same on every process), so two saves of
-    one step never share a temporary directory.
+    one step never share a temporary directory. ``key_impls``: as
+    :meth:`CheckpointStore.save`.
 
     Raises:
         UsageError: as :meth:`CheckpointStore.save`, before anything is written.
@@ -87,7 +89,7 @@ def save_shared(
         PeerLostError: a process was lost on the way (from ``peers``).
     """
     t0 = time.perf_counter()
-    items = commit.checked_input(step, arrays, run_config, metadata)
+    items = commit.checked_input(step, arrays, run_config, metadata, key_impls)
     views = [io.as_bytes(a) for _, a in items]
     plan = io.plan_files(
         [len(v) for v in views], max_files=max(workers, peers.size), min_files=peers.size
@@ -111,7 +113,7 @@ def save_shared(
     for p in parts:
         for f, size, placed in p["files"]:
             everything[int(f)] = ([(int(o), str(d)) for o, d in placed], int(size))
-    leaves, files = commit.manifest_entries(items, plan, everything)
+    leaves, files = commit.manifest_entries(items, plan, everything, key_impls)
     outcome = peers.allgather(
         _commit(root, tmp, final, step, leaves, files, run_config, metadata, retention, now)
         if peers.rank == 0

@@ -140,26 +140,29 @@ class CheckpointStore:
         *,
         run_config: Mapping[str, Any],
         metadata: Mapping[str, Any] | None = None,
+        key_impls: Mapping[str, str] | None = None,
     ) -> SaveResult:
         """Durably save ``arrays`` as checkpoint ``step``, then apply retention.
 
         Input is checked before anything is written. An existing ``step_N`` (for instance a
         damaged one) is replaced only once the new one is complete. The order of operations
-        is :mod:`recovery.checkpoint.commit`'s.
+        is :mod:`recovery.checkpoint.commit`'s. ``key_impls`` maps the leaves that hold JAX
+        PRNG keys' data to their key implementation, recorded in the manifest.
 
         Raises:
             UsageError: negative step, a leaf whose dtype cannot be stored (objects, strings,
-                structured), or a run configuration / metadata that is not plain JSON.
+                structured), a run configuration / metadata that is not plain JSON, or a
+                key implementation for a path that is no leaf.
             OSError: I/O failure; a ``.tmp-`` leftover remains for :meth:`remove_leftovers`
                 and committed checkpoints are untouched.
         """
         metadata = dict(metadata or {})
-        items = commit.checked_input(step, arrays, run_config, metadata)
+        items = commit.checked_input(step, arrays, run_config, metadata, key_impls)
         t0 = time.perf_counter()
         commit.make_root(self.root)
         final = self.step_path(step)
         tmp = commit.new_tmp_dir(self.root, final)
-        leaves, files = commit.write_data(tmp, items, workers=self._workers)
+        leaves, files = commit.write_data(tmp, items, workers=self._workers, key_impls=key_impls)
         manifest = fmt.build_manifest(
             step=step,
             created_unix=self._clock(),
@@ -190,6 +193,7 @@ class CheckpointStore:
         save_index: int,
         run_config: Mapping[str, Any],
         metadata: Mapping[str, Any] | None = None,
+        key_impls: Mapping[str, str] | None = None,
     ) -> SaveResult:
         """:meth:`save` by every process of a job at once, each writing its share of the data
         files; process 0 commits once every share is durable
@@ -211,6 +215,7 @@ class CheckpointStore:
             retention=self.retention,
             workers=self._workers,
             now=self._clock(),
+            key_impls=key_impls,
         )
 
     def apply_retention(self, *, newest_durable: int) -> tuple[list[int], list[str]]:

@@ -47,6 +47,11 @@ class Loaded:
     def state_digest(self) -> str:
         return fmt.state_digest(self.manifest.leaves)
 
+    @property
+    def key_impls(self) -> dict[str, str]:
+        """``leaf path -> key implementation`` of the leaves that hold JAX PRNG keys' data."""
+        return {leaf.path: leaf.key_impl for leaf in self.manifest.leaves if leaf.key_impl}
+
 
 @dataclass(frozen=True)
 class RestoreResult:

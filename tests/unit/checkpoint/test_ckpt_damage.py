@@ -418,6 +418,8 @@ def _resealed_edit_falls_back(
         ({"offset": 8}, "lie outside D00000.bin"),  # misaligned
         ({"offset": 1 << 20}, "lie outside D00000.bin"),  # past the end of the file
         ({"file": "D00001.bin"}, "unknown data file 'D00001.bin'"),
+        ({"key_impl": 7}, "invalid key_impl 7"),
+        ({"key_impl": ""}, "invalid key_impl ''"),
     ],
     ids=lambda v: "-".join(f"{k}={v[k]}" for k in v) if isinstance(v, dict) else "",
 )

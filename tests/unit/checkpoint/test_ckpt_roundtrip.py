@@ -298,3 +298,32 @@ def test_the_reader_example_in_the_format_doc_runs(
 
     assert_same(namespace["arrays"], arrays)
     assert namespace["manifest"]["metadata"] == {"loss": 0.5}
+
+
+def test_key_implementations_are_recorded_per_leaf_and_read_back(
+    store: CheckpointStore, run_config: dict[str, Any]
+) -> None:
+    # The data of one JAX threefry PRNG key (the store knows no JAX: it records what it is told).
+    arrays = {"rng": np.array([0, 7], np.uint32), "w": np.ones(2, np.float32)}
+    result = store.save(1, arrays, run_config=run_config, key_impls={"rng": "threefry2x32"})
+    manifest = json.loads((result.path / "manifest.json").read_text())
+    entries = {leaf["path"]: leaf for leaf in manifest["leaves"]}
+    assert entries["rng"]["key_impl"] == "threefry2x32"
+    assert "key_impl" not in entries["w"]  # an array without keys: the entry of old
+    loaded = store.load(1)
+    assert loaded.key_impls == {"rng": "threefry2x32"}
+    assert loaded.state_digest == result.state_digest
+    # The implementation is part of what the digest says is the same state.
+    plain = store.save(2, arrays, run_config=run_config)
+    assert plain.state_digest != result.state_digest
+    assert store.load(2).key_impls == {}
+
+
+def test_a_key_implementation_for_no_leaf_is_refused(
+    store: CheckpointStore, run_config: dict[str, Any]
+) -> None:
+    with pytest.raises(UsageError, match=r"paths that are no leaf: \['rngs'\]"):
+        store.save(
+            1, {"rng": np.zeros(2, np.uint32)}, run_config=run_config, key_impls={"rngs": "rbg"}
+        )
+    assert store.steps() == []

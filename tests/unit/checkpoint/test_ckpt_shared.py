@@ -38,6 +38,7 @@ def _save_all(
     step: int,
     arrays: dict[str, np.ndarray],
     index: int = 1,
+    key_impls: dict[str, str] | None = None,
 ) -> list[Any]:
     def save(g: Group) -> Any:
         try:
@@ -48,6 +49,7 @@ def _save_all(
                 save_index=index,
                 run_config=RUN_CONFIG,
                 metadata={"data_position": step, "processes": g.size},
+                key_impls=key_impls,
             )
         except SharedSaveError as e:
             return e
@@ -75,6 +77,18 @@ def test_three_processes_save_one_step_with_one_manifest(
     assert_same(loaded.arrays, arrays_for(8))
     assert loaded.manifest.metadata == {"data_position": 8, "processes": 3}
     assert not [p for p in root.iterdir() if p.name.startswith(fmt.TMP_PREFIX)]
+
+
+def test_key_implementations_are_in_the_one_manifest(
+    group3: list[Group], root: Path, arrays_for: ArraysFor, tmp_path: Path
+) -> None:
+    keyed = {"params/b": "rbg"}  # the store records what it is told; JAX is not involved
+    results = _save_all(group3, [CheckpointStore(root) for _ in group3], 8, arrays_for(8), 1, keyed)
+    alone = CheckpointStore(tmp_path / "alone").save(
+        8, arrays_for(8), run_config=RUN_CONFIG, key_impls=keyed
+    )
+    assert {r.state_digest for r in results} == {alone.state_digest}
+    assert CheckpointStore(root).load(8).key_impls == keyed
 
 
 def test_a_process_that_cannot_write_fails_the_save_everywhere(
