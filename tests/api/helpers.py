@@ -113,10 +113,16 @@ def dtype_leaves(seed: int = 0) -> dict[str, Any]:
     }
 
 
+def is_keys(x: Any) -> bool:
+    """Whether ``x`` is an array of typed PRNG keys (``jax.random.key``)."""
+    return isinstance(x, jax.Array) and bool(jnp.issubdtype(x.dtype, jax.dtypes.prng_key))
+
+
 def leaves_equal(a: Any, b: Any) -> bool:
     """The same leaf paths, and every leaf the same dtype, shape and bytes (a Python number
-    the same type and value). Static fields are not compared: two TrainStates made by two
-    calls hold two different (equivalent) Optax functions."""
+    the same type and value; typed PRNG keys the same key type and key data). Static fields
+    are not compared: two TrainStates made by two calls hold two different (equivalent)
+    Optax functions."""
     la = jax.tree_util.tree_flatten_with_path(a)[0]
     lb = jax.tree_util.tree_flatten_with_path(b)[0]
     if [p for p, _ in la] != [p for p, _ in lb]:
@@ -126,6 +132,10 @@ def leaves_equal(a: Any, b: Any) -> bool:
             if type(x) is not type(y) or x != y:
                 return False
             continue
+        if is_keys(x) or is_keys(y):
+            if not (is_keys(x) and is_keys(y)) or x.dtype != y.dtype:
+                return False
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
         nx, ny = np.asarray(x), np.asarray(y)
         if nx.dtype != ny.dtype or nx.shape != ny.shape or nx.tobytes() != ny.tobytes():
             return False
