@@ -109,7 +109,11 @@ class EventLog:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Append one event and return the record written."""
+        """Append one event and return the record written (a dict).
+
+        Raises:
+            UsageError: ``event`` is not one of :data:`EVENTS` (the message lists them).
+        """
         if event not in EVENTS:
             raise unknown_choice("event", event, EVENTS)
         record: dict[str, Any] = {"event": event, "ts": round(self._clock(), 6), "pid": os.getpid()}
@@ -128,7 +132,8 @@ class EventLog:
 
 
 def read_events(path: Path | str) -> Iterator[dict[str, Any]]:
-    """Parse an events file, skipping a torn last line left by a killed writer."""
+    """The events of an events file in order, one dict per line, read lazily; a torn last
+    line left by a killed writer is skipped."""
     with open(path, encoding="utf-8") as f:
         for line in f:
             if not line.endswith("\n"):

@@ -52,10 +52,14 @@ class Skipped:
 
 @dataclass(frozen=True)
 class Restored(Generic[T]):
-    """A state read back from a checkpoint that passed every check."""
+    """A state read back from a checkpoint that passed every check: what
+    :meth:`CheckpointManager.restore` returns (and :meth:`~CheckpointManager.restore_or_none`,
+    and :meth:`~CheckpointManager.restore_arrays` with a flat dict as ``state``)."""
 
     step: int
     state: T
+    """Shaped like the template; for :meth:`CheckpointManager.restore_arrays`, the flat
+    ``leaf path -> numpy array`` dict."""
     metadata: dict[str, Any]
     """What was passed as ``metadata`` to :meth:`CheckpointManager.save`."""
     state_digest: str
@@ -179,7 +183,8 @@ class CheckpointManager:
     def save(
         self, step: int, state: Any, *, metadata: Mapping[str, Any] | None = None
     ) -> SaveResult | None:
-        """Save ``state`` (any pytree of arrays and numbers) as checkpoint ``step``.
+        """Save ``state`` (any pytree of arrays, numbers and typed PRNG keys; ``None`` is an
+        empty subtree) as checkpoint ``step``.
 
         Waits for the previous background save first (at most one in flight). An existing
         ``step_N`` is replaced only once the new one is durable; then retention deletes what
@@ -192,8 +197,9 @@ class CheckpointManager:
             The durable save's result when saving synchronously; None when the save runs in
             the background (:meth:`wait` returns it).
         Raises:
-            UsageError: read-only manager, negative step, a leaf that is not an array or a
-                number, or ``metadata`` that is not plain JSON.
+            UsageError: read-only manager, negative step, a leaf that is not an array, a
+                number or PRNG keys (the message names it), or ``metadata`` that is not plain
+                JSON.
             BackgroundSaveError: the previous background save failed (or this one, when
                 synchronous); the cause is chained.
             RunLockedError: another process writes to this directory.
@@ -271,15 +277,17 @@ class CheckpointManager:
 
         ``template`` is a state of the same structure: a freshly initialised one, or
         ``jax.eval_shape`` of the initialiser (nothing allocated); each leaf with a sharding
-        gets its array placed that way. Newer checkpoints that fail verification are skipped
-        and reported in :attr:`Restored.skipped` (and set aside unless read-only).
+        gets its array placed that way, and a leaf of typed PRNG keys gets the saved keys
+        back. Newer checkpoints that fail verification are skipped and reported in
+        :attr:`Restored.skipped` (and set aside unless read-only).
 
         Raises:
             NoCheckpointError: there is no checkpoint at all (see :meth:`restore_or_none`).
             AllCheckpointsDamagedError: every checkpoint failed; each reason is listed.
             CheckpointDamaged: ``step`` was given and that checkpoint fails verification.
             ConfigMismatchError: the checkpoint was saved with another ``run_config``.
-            CheckpointError: the saved leaves do not match ``template``.
+            CheckpointError: the saved leaves do not match ``template`` (names, dtypes,
+                shapes, PRNG keys of another implementation), naming each difference.
         """
         t = time.perf_counter()
         loaded, skipped = self._load(step)
@@ -287,7 +295,8 @@ class CheckpointManager:
         return self._restored(loaded, state, skipped, t)
 
     def restore_or_none(self, template: T) -> Restored[T] | None:
-        """:meth:`restore`, or None where the directory holds no checkpoint (a fresh run)."""
+        """:meth:`restore`'s :class:`Restored`, or None where the directory holds no
+        checkpoint (a fresh run)."""
         steps = self._store.steps()
         if self.processes is not None:  # process 0's listing decides, for all alike
             steps = self.processes.allgather(steps)[0]
@@ -298,8 +307,9 @@ class CheckpointManager:
         return self.restore(template)
 
     def restore_arrays(self, *, step: int | None = None) -> Restored[dict[str, np.ndarray]]:
-        """:meth:`restore` without a template: the flat ``leaf path -> numpy array`` mapping,
-        paths as saved (``opt_state/0/mu/w``). Same errors, less the template's."""
+        """:meth:`restore` without a template: a :class:`Restored` whose ``state`` is the flat
+        ``leaf path -> numpy array`` dict, paths as saved (``opt_state/0/mu/w``); a leaf saved
+        from PRNG keys is their key data (``uint32``). Same errors, less the template's."""
         t = time.perf_counter()
         loaded, skipped = self._load(step)
         return self._restored(loaded, dict(loaded.arrays), skipped, t)
@@ -378,9 +388,10 @@ class CheckpointManager:
         return steps[-1] if steps else None
 
     def status(self, *, deep: bool = True) -> list[StepStatus]:
-        """What ``recover checkpoint ls`` shows: every checkpoint (newest first) and every
-        leftover, ``intact``/``incomplete``/``corrupt`` with the reason. ``deep`` re-reads
-        and hashes every byte; without it only manifests and sizes are checked."""
+        """What ``recover checkpoint ls`` shows, one :class:`StepStatus` per entry: every
+        checkpoint (newest first) and every leftover, ``intact``/``incomplete``/``corrupt``
+        with the reason. ``deep`` re-reads and hashes every byte; without it only manifests
+        and sizes are checked."""
         return self._store.scan(deep=deep)
 
     def info(self, step: int) -> CheckpointInfo:
@@ -399,7 +410,7 @@ class CheckpointManager:
 
     def verify(self, step: int) -> CheckpointInfo:
         """Re-read and hash every byte of checkpoint ``step`` (what ``recover checkpoint
-        verify`` does).
+        verify`` does); its :class:`CheckpointInfo` once every check passed.
 
         Raises:
             UsageError: there is no such step.

@@ -50,8 +50,9 @@ class Preemption:
 
     @contextmanager
     def installed(self) -> Iterator[Preemption]:
-        """Handle :data:`PREEMPT_SIGNALS` inside the block; the previous handlers come back
-        afterwards. Only the main thread may install signal handlers (``ValueError``)."""
+        """Handle :data:`PREEMPT_SIGNALS` inside the block (``as`` gives this Preemption);
+        the previous handlers come back afterwards. Only the main thread may install signal
+        handlers (``ValueError``)."""
         previous = {s: _install(s, self._handle) for s in PREEMPT_SIGNALS}
         try:
             yield self

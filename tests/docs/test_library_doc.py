@@ -47,6 +47,17 @@ def test_every_public_name_is_documented_and_only_those() -> None:
         assert hasattr(recovery.api, name), name
 
 
+def test_every_checkpoint_manager_method_is_documented_and_only_those() -> None:
+    section = subsection(subsection(DOC.read_text(), "## Reference"), "### `CheckpointManager`")
+    documented = set(re.findall(r"`(\w+)\(", section)) - {"CheckpointManager"}
+    methods = {
+        name
+        for name, value in vars(recovery.api.CheckpointManager).items()
+        if callable(value) and not name.startswith("_")
+    }
+    assert documented == methods
+
+
 def test_the_events_table_lists_every_event() -> None:
     table = table_names(subsection(subsection(DOC.read_text(), "## Reference"), "### `EVENTS`"))
     assert table == set(recovery.api.EVENTS)
