@@ -161,6 +161,27 @@ def test_one_writer_per_directory(tmp_path: Path) -> None:
         again.save(2, state(2))
 
 
+def test_open_takes_the_run_before_anything_is_logged(tmp_path: Path) -> None:
+    # What a loop does first: open, then log `started`. A second writer stops at the lock,
+    # so the log never shows a process that did not run.
+    with CheckpointManager(tmp_path, async_save=False) as first:
+        first.save(1, state(1))
+    leftover = f"{fmt.TMP_PREFIX}step_00000002-0123456789ab"
+    (tmp_path / leftover).mkdir()  # a save interrupted by a kill
+    events = open_event_log(tmp_path, environ={})
+    with CheckpointManager(tmp_path, events=events) as mgr:
+        assert mgr.open() == [leftover]
+        assert not (tmp_path / leftover).exists()
+        events.emit("started", step=None)
+        with CheckpointManager(tmp_path) as second, pytest.raises(RunLockedError, match="in use"):
+            second.open()
+        assert mgr.open() == []  # already the writer: nothing happens
+        assert mgr.restore_or_none(state(0)) is not None
+    assert [e["event"] for e in read_events(tmp_path / "events.jsonl")] == ["started", "restored"]
+    with pytest.raises(UsageError, match="read-only"):
+        CheckpointManager(tmp_path, read_only=True).open()
+
+
 def test_async_save_keeps_the_state_as_it_was_when_saved(tmp_path: Path) -> None:
     # The caller updates a numpy leaf in place right after save() returns; the checkpoint
     # must hold the value at save time.
