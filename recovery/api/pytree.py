@@ -147,10 +147,11 @@ def unflatten(
 
     Template leaves may be arrays, ``jax.ShapeDtypeStruct`` (from ``jax.eval_shape``) or
     Python numbers. A leaf with a ``sharding`` gets its array placed that way, a
-    ``ShapeDtypeStruct`` without one goes to the default device; numpy leaves stay numpy; a
-    Python number comes back as a number of the same type. A template leaf of typed PRNG
-    keys takes the saved key data of the same implementation (``key_impls``, from the
-    manifest) back as those keys, bit for bit, placed like the template's.
+    ``ShapeDtypeStruct`` without one goes to this process's default device (its first local
+    one); numpy leaves stay numpy; a Python number comes back as a number of the same type.
+    A template leaf of typed PRNG keys takes the saved key data of the same implementation
+    (``key_impls``, from the manifest) back as those keys, bit for bit, placed like the
+    template's.
 
     Raises:
         CheckpointError: the saved leaves do not match the template (names, dtypes, shapes,
@@ -167,7 +168,9 @@ def unflatten(
     leaves, treedef = jax.tree_util.tree_flatten(template)
     scalar_types: dict[int, type] = {}
     keys: dict[int, str] = {}
-    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    # This process's default device: in a job of several processes jax.devices()[0] is
+    # process 0's, which no other process can place anything on.
+    default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     for i, (path, leaf) in enumerate(zip(paths, leaves, strict=True)):
         saved_impl = key_impls.get(path) if path in arrays else None
         if _is_keys(leaf):
@@ -211,7 +214,8 @@ def unflatten(
     for i, kind in scalar_types.items():
         out[i] = kind(out[i].item())
     for i, impl in keys.items():
-        # Eager, and placed as the data was: each process wraps its own shards.
+        # Placed as the data was, each process wrapping its own shards. (JAX spells a key
+        # array's replicated layout P(None,), an equivalent of the template's P().)
         out[i] = jax.random.wrap_key_data(out[i], impl=impl)
     return jax.tree_util.tree_unflatten(treedef, out)
 

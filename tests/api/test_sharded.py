@@ -1,7 +1,8 @@
-"""Arrays sharded over 2 processes x 2 CPU devices, saved and restored through
-``CheckpointManager(processes=...)`` with real ``jax.distributed`` (gloo) between two real
-processes: one checkpoint holding the whole arrays, restored onto the same and onto another
-layout, every process's shards holding the saved bytes."""
+"""Arrays sharded over 2 processes x 2 CPU devices, typed PRNG keys among them, saved and
+restored through ``CheckpointManager(processes=...)`` with real ``jax.distributed`` (gloo)
+between two real processes: one checkpoint holding the whole arrays, restored onto the same
+and onto another layout, every process's shards holding the saved bytes (the keys' shards
+the same keys)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from recovery.api import CheckpointManager, read_events
 from recovery.multiproc import free_port
-from tests.api.sharded_worker import STEP, expected
+from tests.api.sharded_worker import IMPL, STEP, expected, key_data
 
 
 def run_pair(mode: str, run_dir: Path, layout: str = "rows") -> list[dict[str, Any]]:
@@ -61,6 +62,11 @@ def test_sharded_state_saves_once_and_restores_onto_any_layout(tmp_path: Path) -
     for name, want in expected().items():
         assert arrays[name].dtype == want.dtype
         np.testing.assert_array_equal(arrays[name], want)
+    np.testing.assert_array_equal(arrays["k"], key_data())  # the keys, as their data
+    manifest = json.loads(
+        (run_dir / "checkpoints" / f"step_{STEP:08d}" / "manifest.json").read_text()
+    )
+    assert {leaf["path"]: leaf.get("key_impl") for leaf in manifest["leaves"]}["k"] == IMPL
     for layout in ("rows", "cols"):
         restored = run_pair("restore", run_dir, layout)
         assert [o["step"] for o in restored] == [STEP, STEP]
