@@ -1,4 +1,5 @@
-"""Running ``examples/flax_lm/train.py`` as users do: a real process, real signals."""
+"""Running the examples (``examples/flax_lm``, ``examples/nnx_regression``) as users do: a
+real process, real signals."""
 
 from __future__ import annotations
 
