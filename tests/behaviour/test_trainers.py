@@ -115,6 +115,7 @@ class Controls:
     def __getitem__(self, trainer: str) -> str:
         if trainer not in self._digests:
             run_dir = self._root / trainer / "run"
+            run_dir.parent.mkdir(parents=True, exist_ok=True)  # where multi.launch logs
             if self._processes == 1:
                 run(command(trainer, run_dir, self._cache, save_every=STEPS), self._cache)
                 self._digests[trainer] = digest(run_dir)
