@@ -40,7 +40,7 @@ from recovery.multiproc import (
 )
 from slurm.cli_slurm import CliSlurm
 
-#: `recover train --memory-every` as the environment gives it (recovery.train.memory).
+#: `recover train --memory-every` as the environment gives it (recovery.api.memory).
 ENV_MEMORY_EVERY = "RECOVER_MEMORY_EVERY"
 #: Seconds the other processes of a launch get to end by themselves once one failed (a
 #: process that loses a peer stops within a second), before their steps are ended.
@@ -202,7 +202,7 @@ class JobSteps:
         env = dict(self.env)
         env[ENV_STANDBY] = "1"
         # A relaunch restores from a survivor's memory: keep a copy every step unless the
-        # job says otherwise (recover train --memory-every, recovery.train.memory).
+        # job says otherwise (recover train --memory-every, recovery.api.memory).
         env.setdefault(ENV_MEMORY_EVERY, "1")
         argv = [
             "srun",

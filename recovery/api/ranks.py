@@ -119,7 +119,7 @@ def start(
 
 class StopVote:
     """Whether to stop before the next step: any process's SIGTERM/SIGUSR1, agreed by all;
-    and whether to keep a memory copy (:mod:`recovery.train.memory`) after it: process 0's
+    and whether to keep a memory copy (:mod:`recovery.api.memory`) after it: process 0's
     call, so that every process copies after the same step (each waits for the others in
     the next collective: copies at different steps would cost each process all of them).
 

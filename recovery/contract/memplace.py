@@ -1,4 +1,4 @@
-"""Where the memory tier keeps its copies (:mod:`recovery.train.memory`), with nothing but the
+"""Where the memory tier keeps its copies (:mod:`recovery.api.memory`), with nothing but the
 standard library: the local cluster empties a crashed node's copies without importing what
 training needs.
 """

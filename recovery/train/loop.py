@@ -23,6 +23,15 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from recovery.api.manager import CheckpointManager
+from recovery.api.memory import (
+    DEFAULT_ROOT,
+    MemoryTier,
+    environ_node_key,
+    local_dir,
+    private_root,
+    read_run_id,
+    run_id,
+)
 from recovery.api.preemption import Preemption
 from recovery.api.processes import Processes
 from recovery.api.ranks import Log, StopVote, failing_together, finish, start
@@ -32,15 +41,6 @@ from recovery.errors import UsageError
 from recovery.events import EventLog, events_file, slurm_context
 from recovery.multiproc import Topology, topology_from_env
 from recovery.train import compile_cache
-from recovery.train.memory import (
-    DEFAULT_ROOT,
-    MemoryTier,
-    environ_node_key,
-    local_dir,
-    private_root,
-    read_run_id,
-    run_id,
-)
 from recovery.train.options import ResumeMode, TrainOptions, TrainOutcome, validate
 from recovery.train.restore import restore_or_init
 from recovery.train.run import Run

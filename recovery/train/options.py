@@ -51,11 +51,11 @@ class TrainOptions:
     memory_every: int = 0
     """Keep a verified copy of the state in node-local memory every this many steps (a job
     of several processes; 0: off). A relaunched job restores from a surviving node's copy
-    (:mod:`recovery.train.memory`)."""
+    (:mod:`recovery.api.memory`)."""
     memory_dir: Path | None = None
-    """Root of the node-local copies; None: :data:`recovery.train.memory.DEFAULT_ROOT`."""
+    """Root of the node-local copies; None: :data:`recovery.api.memory.DEFAULT_ROOT`."""
     memory_budget: float = 0.025
-    """Share of the wall time the copies may take (:data:`recovery.train.memory.BUDGET`)."""
+    """Share of the wall time the copies may take (:data:`recovery.api.memory.BUDGET`)."""
 
 
 @dataclass(frozen=True)

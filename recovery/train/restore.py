@@ -41,10 +41,10 @@ def restore_or_init(
             "pass --resume to continue that run, or choose another --run-dir"
         )
     if ranks is not None and run.memory is not None and opts.resume is not ResumeMode.never:
-        from recovery.train.memory import FromMemory, node_name, restore_from_memory
+        from recovery.api.memory import FromMemory, node_name, restore_from_memory
 
         got = restore_from_memory(
-            ranks,
+            ranks.group,
             template,
             run.memory,
             newest_durable=existing[-1] if existing else -1,

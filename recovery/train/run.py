@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from recovery.api.manager import CheckpointManager
+from recovery.api.memory import MemoryTier
 from recovery.api.preemption import Preemption
 from recovery.api.ranks import Log, Ranks
 from recovery.events import EventLog
-from recovery.train.memory import MemoryTier
 from recovery.train.options import TrainOptions
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import pytest
 from recovery.checkpoint import CheckpointStore
 from recovery.checkpoint.format import arrays_digest
 from recovery.multiproc import EXIT_PEER_LOST
-from recovery.train.memory import (
+from recovery.api.memory import (
     BUDGET,
     KEEP,
     MemoryTier,

@@ -35,7 +35,7 @@ def test_forgetting_one_clusters_node_leaves_the_others(tmp_path: Path) -> None:
 def test_copies_no_run_wrote_for_a_day_are_freed_when_a_run_starts(tmp_path: Path) -> None:
     import os
 
-    from recovery.train.memory import STALE_S, MemoryTier
+    from recovery.api.memory import STALE_S, MemoryTier
 
     node = tmp_path / "shm" / "node1"
     stale = node / "run-gone" / "id"

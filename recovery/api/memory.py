@@ -93,7 +93,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from recovery.api.ranks import Ranks
+    from recovery.multiproc import Group
 
 #: Local copies kept per run and node.
 KEEP = 2
@@ -214,6 +214,7 @@ class MemoryTier:
         budget: float = BUDGET,
         on_error: Callable[[BaseException], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if every < 1:
             raise UsageError(f"--memory-every must be >= 1 to keep copies (got {every})")
@@ -226,6 +227,7 @@ class MemoryTier:
         self.processes = processes
         self._on_error = on_error
         self._clock = clock
+        self._wall_clock = wall_clock  # compared with files' modification times
         self._next_at = 0.0
         self._last_step = -(10**9)
         self._pending = False
@@ -259,7 +261,7 @@ class MemoryTier:
             runs = [p for p in parent.parent.iterdir() if p.name != parent.name]
         except FileNotFoundError:
             return
-        now = time.time()
+        now = self._wall_clock()
         for run in runs:
             if now - _newest_mtime(run) > STALE_S:
                 shutil.rmtree(run, ignore_errors=True)
@@ -376,7 +378,7 @@ class FromMemory:
 
 
 def restore_from_memory(
-    ranks: Ranks,
+    group: Group,
     template: Any,
     tier: MemoryTier,
     *,
@@ -390,7 +392,6 @@ def restore_from_memory(
     """
     from recovery.checkpoint import tree
 
-    group = ranks.group
     t0 = time.perf_counter()
     try:
         held = newest_local(tier)
