@@ -16,9 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recovery.checkpoint import CheckpointStore
-from recovery.checkpoint.format import arrays_digest
-from recovery.multiproc import EXIT_PEER_LOST
 from recovery.api.memory import (
     BUDGET,
     KEEP,
@@ -28,6 +25,9 @@ from recovery.api.memory import (
     read_run_id,
     read_slot,
 )
+from recovery.checkpoint import CheckpointStore
+from recovery.checkpoint.format import arrays_digest
+from recovery.multiproc import EXIT_PEER_LOST
 from tests.train.conftest import wait_for
 from tests.train.multi import STOP_WITHIN_S, final_digest, launch, of
 
