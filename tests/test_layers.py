@@ -2,8 +2,9 @@
 
 What may import what is declared once, as import-linter contracts in pyproject.toml
 (``[tool.importlinter]``); these tests run that check, prove it catches a broken rule, and make
-sure no module under recovery/ escapes it. What import-linter cannot see (a Slurm argv built
-outside slurm/) is checked on the AST here.
+sure no part of recovery/ or service/ and no top-level package escapes it. The shared cycle
+checker (every import counts, wherever it is written) runs where ``../shared`` is beside the
+clone. What neither can see (a Slurm argv built outside slurm/) is checked on the AST here.
 """
 
 from __future__ import annotations
