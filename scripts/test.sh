@@ -4,8 +4,8 @@
 #   ./scripts/test.sh tests/train -x
 # Tests run in RECOVER_TEST_WORKERS processes (pytest-xdist; default 3): most real-daemon
 # tests spend their time waiting on Slurm (requeue delays, slurmd timeouts), so on the 2-core
-# machines we run on three at once bring the whole suite to about 11 minutes and
-# -m "not slow" to about 5.5 (one process took about 19 for the whole suite).
+# machines we run on three at once. Measured 2026-12-06: the whole suite 26-27 minutes,
+# -m "not slow" 11 (the budgets are 15 and 3: README, "Tests").
 # RECOVER_TEST_WORKERS=0 runs everything in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
