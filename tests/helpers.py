@@ -114,3 +114,14 @@ def record_gone_cluster(state: Path, nodes: tuple[str, ...]) -> Path:
     info = ClusterInfo(state, conf, nodes, (), pids, state / "munge")
     (state / STATE_FILE).write_text(json.dumps(info.to_json()))
     return conf
+
+
+def flip_a_byte(checkpoints: Path, step: int) -> None:
+    """Damage checkpoint ``step`` under ``checkpoints``: flip the first byte of one of its
+    data files, so that its digest no longer matches."""
+    from recovery.checkpoint import format as fmt
+
+    data = sorted((checkpoints / fmt.step_dir_name(step)).glob("D*.bin"))[0]
+    raw = bytearray(data.read_bytes())
+    raw[0] ^= 0xFF
+    data.write_bytes(bytes(raw))

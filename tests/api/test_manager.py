@@ -26,6 +26,7 @@ from recovery.api import (
 from recovery.checkpoint import RunLock
 from recovery.checkpoint import format as fmt
 from tests.api.helpers import leaves_equal
+from tests.helpers import flip_a_byte
 
 
 def state(seed: int) -> dict[str, Any]:
@@ -34,13 +35,6 @@ def state(seed: int) -> dict[str, Any]:
         "params": {"w": jnp.asarray(rng.standard_normal((4, 3)), jnp.float32), "b": jnp.zeros(3)},
         "opt": (jnp.int32(seed), {"mu": jnp.asarray(rng.standard_normal(3), jnp.float32)}),
     }
-
-
-def flip_a_byte(directory: Path, step: int) -> None:
-    data = sorted((directory / fmt.step_dir_name(step)).glob("D*.bin"))[0]
-    raw = bytearray(data.read_bytes())
-    raw[0] ^= 0xFF
-    data.write_bytes(bytes(raw))
 
 
 @pytest.mark.parametrize("async_save", [True, False], ids=["async", "sync"])

@@ -12,6 +12,7 @@ mean bit-identical states.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -20,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from recovery.checkpoint import format as fmt
+from recovery.checkpoint import CheckpointStore
 from recovery.contract.exits import EXIT_PREEMPTED
 from recovery.events import read_events
-from tests.helpers import RECOVER
+from tests.helpers import RECOVER, flip_a_byte
 from tests.train import multi
 from tests.train.conftest import wait_for
 
@@ -55,8 +56,6 @@ def command(
 
 
 def env(cache: Path) -> dict[str, str]:
-    import os
-
     return {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
@@ -86,16 +85,7 @@ def digest(run_dir: Path) -> str:
 
 
 def kept(run_dir: Path) -> list[int]:
-    root = run_dir / "checkpoints"
-    return sorted(int(p.name.removeprefix("step_")) for p in root.glob("step_*"))
-
-
-def damage(run_dir: Path, step: int) -> None:
-    """Flip the first byte of one of ``step``'s data files (its digest no longer matches)."""
-    data = sorted((run_dir / "checkpoints" / fmt.step_dir_name(step)).glob("D*.bin"))[0]
-    raw = bytearray(data.read_bytes())
-    raw[0] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    return CheckpointStore(run_dir / "checkpoints").steps()
 
 
 @pytest.fixture(scope="session")
@@ -174,7 +164,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(
 ) -> None:
     run_dir = tmp_path / "run"
     run(command(trainer, run_dir, cache, steps=6), cache)
-    damage(run_dir, 6)
+    flip_a_byte(run_dir / "checkpoints", 6)
     done = run(command(trainer, run_dir, cache), cache)
     [fallback] = events(run_dir, "fallback")
     assert fallback["step"] == 6
@@ -228,7 +218,7 @@ def test_two_processes_agree_on_the_newest_step_both_verify(
     run_dir = tmp_path / "run"
     _run_k2(trainer, run_dir, cache, 6)
     assert kept(run_dir) == [2, 4, 6]  # one checkpoint per step for the whole job
-    damage(run_dir, 6)
+    flip_a_byte(run_dir / "checkpoints", 6)
     _run_k2(trainer, run_dir, cache, STEPS)
     fallbacks = multi.of(run_dir, "fallback")
     restored = multi.of(run_dir, "restored")
