@@ -5,6 +5,9 @@ Which jobs an incident follows (:meth:`JobWatch.at_decision`, when it opens):
 * the jobs live on the node (what the incident always recorded);
 * the jobs that ran on the node and ended abnormally at most ``requeue.window_s`` before the
   fault (the process died first: XID 79 kills it at once, and the event can arrive later);
+* the jobs completing elsewhere that a tick saw on the node at the same restart count
+  (Slurm lists only the nodes a completing job has not yet released: the process on the
+  node died, the step was killed everywhere, and the node's Epilog finished first);
 * the jobs Slurm requeued from the node since a tick saw them there (a slurmd crash: Slurm
   sets the node DOWN and requeues its jobs in one instant, before the coordinator looks; a
   multi-node job then shows COMPLETING at its new restart count on its other nodes, with the
@@ -117,6 +120,27 @@ class JobTrail:
                 and node in run.nodes
                 and run.last_seen >= since
                 and lost_batch_host(job, node, job.restart_count)
+            ):
+                out[job_id] = job.restart_count
+        return out
+
+    def released_by(self, node: str, jobs: Mapping[str, JobInfo], since: float) -> dict[str, int]:
+        """Jobs seen on ``node`` at or after ``since`` that are COMPLETING at the same restart
+        count without it, each with that count. Slurm lists only the nodes a completing job
+        has not yet released: a multi-node job whose process on ``node`` died first (the
+        step killed everywhere, ``node``'s Epilog done soonest) no longer names ``node``
+        while it completes on the others, then names all of them again once it ended."""
+        out: dict[str, int] = {}
+        for job_id in self._by_node.get(node, ()):
+            job = jobs.get(job_id)
+            run = self._runs.get(job_id, {}).get(job.restart_count) if job else None
+            if (
+                job is not None
+                and run is not None
+                and job.state == "COMPLETING"
+                and node not in job.nodes
+                and node in run.nodes
+                and run.last_seen >= since
             ):
                 out[job_id] = job.restart_count
         return out
@@ -279,6 +303,8 @@ class JobWatch:
                 live[j.job_id] = j.restart_count
             elif moves_jobs and ended_on(j, node, since, now):
                 ended[j.job_id] = j.restart_count
+        # Live too, though a completing job's listing may already have let go of the node.
+        live.update(self.trail.released_by(node, jobs, since))
         moved = self.trail.requeued_from(node, jobs, since) if moves_jobs else {}
         # Slurm 25.11 drops a DOWN batch host from a --no-kill job, before the coordinator
         # looks: the job no longer lists the node but still needs it.

@@ -465,6 +465,42 @@ def test_a_held_job_of_a_healthy_node_is_left_alone(rig: Rig) -> None:
     assert rig.incident("n2").jobs == ()
 
 
+def test_a_job_completing_without_the_node_is_followed_and_requeued(rig: Rig) -> None:
+    """A multi-node job whose process on n1 died first: the step is killed everywhere and
+    n1's Epilog finishes soonest, so while the event is decided Slurm shows the job
+    COMPLETING on n2 and n3 only (measured on 22.05: squeue lists only the nodes a
+    completing job has not released), then FAILED on all three. The incident must follow
+    it all the same, not close at once with "no job ran on the node"."""
+    job = rig.slurm.run_job(["n1", "n2", "n3"])
+    rig.engine.step()  # a tick sees the job on n1, n2 and n3
+    rig.slurm.set_job(job, state="COMPLETING", nodes=("n2", "n3"))
+    rig.clock.advance(0.5)
+    rig.send(event("n1", "gpu-lost", observed_at=rig.clock.now().wall - 0.3))
+    rig.engine.step()
+    inc = rig.incident("n1")
+    assert (inc.jobs, inc.info["job_restarts"]) == ((job,), {job: 0})
+    assert inc.status is IncidentStatus.open
+    rig.clock.advance(2)
+    rig.slurm.fail_job(job)
+    rig.slurm.set_job(job, nodes=("n1", "n2", "n3"))
+    rig.engine.step()
+    assert requeues(rig) == [("requeue", job)]
+    rig.slurm.start_job(job, ["n2", "n3", "s1"])
+    rig.engine.step()
+    assert rig.phases("n1")[-2:] == ["job-running", "closed"]
+
+
+def test_a_job_completing_elsewhere_that_never_ran_on_the_node_is_not_followed(
+    rig: Rig,
+) -> None:
+    job = rig.slurm.run_job(["n2", "n3"])
+    rig.engine.step()
+    rig.slurm.set_job(job, state="COMPLETING", nodes=("n3",))
+    rig.send(event("n1", "gpu-lost", observed_at=rig.clock.now().wall))
+    rig.engine.step()
+    assert rig.incident("n1").jobs == ()
+
+
 def test_a_job_left_running_without_its_batch_host_is_requeued_once(rig: Rig) -> None:
     """Slurm 25.11 drops a DOWN batch host from a --no-kill job (one carrying its own spares)
     before the coordinator looks, and leaves the job RUNNING with no batch script: nothing
