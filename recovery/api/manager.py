@@ -297,6 +297,7 @@ class CheckpointManager:
     def restore_or_none(self, template: T) -> Restored[T] | None:
         """:meth:`restore`'s :class:`Restored`, or None where the directory holds no
         checkpoint (a fresh run)."""
+        self._saver.wait()  # a save of this manager's still in flight counts
         steps = self._store.steps()
         if self.processes is not None:  # process 0's listing decides, for all alike
             steps = self.processes.allgather(steps)[0]
@@ -317,6 +318,9 @@ class CheckpointManager:
     def _load(self, step: int | None) -> tuple[Loaded, tuple[Skipped, ...]]:
         if not self.read_only:
             self._writer()
+        # A save this manager started in the background is read back once it is durable,
+        # never skipped as "no checkpoint" because it was still being written.
+        self._saver.wait()
         if step is not None:
             if step not in self._store.steps():
                 raise self._unknown_step(step)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from recovery.api import (
     open_event_log,
     read_events,
 )
-from recovery.checkpoint import RunLock
+from recovery.checkpoint import CheckpointStore, RunLock
 from recovery.checkpoint import format as fmt
 from tests.api.helpers import leaves_equal
 from tests.helpers import flip_a_byte
@@ -185,6 +186,29 @@ def test_async_save_keeps_the_state_as_it_was_when_saved(tmp_path: Path) -> None
         buf[:] = -1.0
     restored = CheckpointManager(tmp_path, read_only=True).restore_arrays()
     np.testing.assert_array_equal(restored.state["buf"], np.arange(1 << 20, dtype=np.float32))
+
+
+@pytest.mark.parametrize("call", ["restore", "restore_or_none", "restore_arrays"])
+def test_a_restore_right_after_an_async_save_reads_that_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    # The background write made slow: a restore that did not wait for it would find no
+    # checkpoint (what a clean venv's quick save-then-restore hit now and then).
+    slow_save = CheckpointStore.save
+
+    def save(self: CheckpointStore, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)
+        return slow_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(CheckpointStore, "save", save)
+    with CheckpointManager(tmp_path, async_save=True) as mgr:
+        mgr.save(1, state(1))
+        if call == "restore_arrays":
+            got = mgr.restore_arrays()
+        else:
+            got = getattr(mgr, call)(state(0))
+        assert got is not None
+        assert got.step == 1
 
 
 def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path) -> None:
