@@ -1,6 +1,6 @@
 """Suite-wide rules: tests marked ``gpu``/``tpu`` skip, with the reason, when none is present;
 under CI (``$CI`` set) every other skip is a failure, since a tier that skips there is a tier
-nobody ran."""
+nobody ran. Tests marked ``soak`` run only with ``--soak`` (README, "Tests": the tiers)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,21 @@ def _accelerator(platform: str) -> str | None:
     return None if devices else f"needs a {platform.upper()}: JAX found none"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        help="also run the soak tier (tests marked soak: the long kill loops, the whole "
+        "scenario matrix, the image builds); without it they are deselected",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--soak"):
+        soak = [i for i in items if i.get_closest_marker("soak") is not None]
+        if soak:
+            config.hook.pytest_deselected(items=soak)
+            items[:] = [i for i in items if i.get_closest_marker("soak") is None]
     for item in items:
         for platform in ("gpu", "tpu"):
             if item.get_closest_marker(platform) is not None:
@@ -47,9 +61,7 @@ MAY_SKIP_IN_CI = ("gpu", "tpu", "journald")
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
     if not (report.skipped and os.environ.get("CI")) or hasattr(report, "wasxfail"):

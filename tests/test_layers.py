@@ -171,6 +171,7 @@ SLURM_COMMAND_EXCEPTIONS = {
 }
 
 
+@pytest.mark.slow
 def test_only_slurm_runs_slurm_commands() -> None:
     commands = {"scontrol", "sbatch", "squeue", "sinfo", "scancel", "slurmctld", "slurmd"}
     offenders = []

@@ -29,6 +29,7 @@ def fault_lines(pairs: list[tuple[int, int]], t0: float = 100.0) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_delivery_loses_nothing_and_duplicates_nothing(
     live: LiveCoordinator, agents: Start
 ) -> None:
@@ -133,6 +134,7 @@ def test_without_nvml_one_line_says_so_and_the_kernel_log_still_works(
     assert "unavailable" in nvml_lines[0]
 
 
+@pytest.mark.slow
 def test_a_fault_logged_before_the_agent_is_reported_once_and_restarts_repeat_nothing(
     tmp_path: Path, live: LiveCoordinator, agents: Start
 ) -> None:

@@ -65,6 +65,7 @@ def test_injected_xid79_via_the_kernel_log_is_found_by_the_agents_own_parser(
     wait_for(lambda: eid in live.coordinator.submitted_ids(), "the engine to be handed it")
 
 
+@pytest.mark.slow
 def test_wait_prints_the_decision_once_the_engine_records_it(
     live: LiveCoordinator, agents: Start
 ) -> None:
@@ -100,6 +101,7 @@ def test_wait_prints_the_decision_once_the_engine_records_it(
     assert reply["event_id"] in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fault", "node", "via", "message"),
     [

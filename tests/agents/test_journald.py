@@ -154,6 +154,7 @@ def test_journalctl_exiting_is_restarted_after_the_last_entry_read(
     assert [e.fault for e, _ in got[len(KERNEL_FAULTS) :]] == ["xid64"]  # nothing repeated
 
 
+@pytest.mark.slow
 def test_an_agent_reads_the_journal_and_a_restart_repeats_nothing(
     journal: Path, live: LiveCoordinator, agents: Callable[..., AgentProcess]
 ) -> None:

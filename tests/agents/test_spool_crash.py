@@ -154,10 +154,12 @@ def _kill_loop(directory: Path, kills: int, seed: int) -> int:
     return len(confirmed | acked)
 
 
+@pytest.mark.slow
 def test_sigkill_while_spooling_never_loses_a_confirmed_event(tmp_path: Path) -> None:
     assert _kill_loop(tmp_path / "spool", kills=8, seed=4321) > 10
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_sigkill_while_spooling_many_times(tmp_path: Path) -> None:
     assert _kill_loop(tmp_path / "spool", kills=60, seed=77) > 100

@@ -203,10 +203,7 @@ def test_a_restore_right_after_an_async_save_reads_that_save(
     monkeypatch.setattr(CheckpointStore, "save", save)
     with CheckpointManager(tmp_path, async_save=True) as mgr:
         mgr.save(1, state(1))
-        if call == "restore_arrays":
-            got = mgr.restore_arrays()
-        else:
-            got = getattr(mgr, call)(state(0))
+        got = mgr.restore_arrays() if call == "restore_arrays" else getattr(mgr, call)(state(0))
         assert got is not None
         assert got.step == 1
 

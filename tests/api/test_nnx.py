@@ -68,6 +68,7 @@ def saved(model: Noisy, optimizer: nnx.Optimizer[Noisy]) -> dict[str, Any]:
     return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_save", [True, False], ids=["async", "sync"])
 def test_model_and_optimizer_resume_bit_exactly(tmp_path: Path, async_save: bool) -> None:
     control = make(0)
@@ -97,6 +98,7 @@ def test_model_and_optimizer_resume_bit_exactly(tmp_path: Path, async_save: bool
     assert not leaves_equal(saved(model, optimizer), saved(*control))
 
 
+@pytest.mark.slow
 def test_split_state_restores_into_an_abstract_model(tmp_path: Path) -> None:
     model, optimizer = make(0)
     train(model, optimizer, 0, 2)

@@ -39,6 +39,7 @@ def orbax_single_save(path: Path, state: Any) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_manager_directory_imports_and_restores_bit_for_bit(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from recovery.api import CheckpointManager, read_events
 from recovery.multiproc import free_port
@@ -49,6 +50,7 @@ def run_pair(mode: str, run_dir: Path, layout: str = "rows") -> list[dict[str, A
     return outs
 
 
+@pytest.mark.slow
 def test_sharded_state_saves_once_and_restores_onto_any_layout(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     saved = run_pair("save", run_dir)

@@ -26,6 +26,7 @@ from tests.api.helpers import (
 MODES = pytest.mark.parametrize("async_save", [True, False], ids=["async", "sync"])
 
 
+@pytest.mark.slow
 @MODES
 def test_flax_train_state_resumes_bit_exactly(tmp_path: Path, async_save: bool) -> None:
     uninterrupted = train(make_train_state(), 0, 12)

@@ -127,6 +127,7 @@ def controls_k2(tmp_path_factory: pytest.TempPathFactory, cache: Path) -> Contro
     return Controls(tmp_path_factory.mktemp("controls-k2"), cache, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_saves_on_the_interval_and_a_rerun_resumes_to_the_same_state(
@@ -146,6 +147,7 @@ def test_saves_on_the_interval_and_a_rerun_resumes_to_the_same_state(
     assert digest(run_dir) == controls[trainer]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_retention_keeps_the_newest_and_reports_what_it_deleted(
     tmp_path: Path, trainer: str, cache: Path, controls: Controls
@@ -158,6 +160,7 @@ def test_retention_keeps_the_newest_and_reports_what_it_deleted(
     assert digest(run_dir) == controls[trainer]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(
     tmp_path: Path, trainer: str, cache: Path, controls: Controls
@@ -175,6 +178,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(
     assert digest(run_dir) == controls[trainer]  # steps 5-8 redone, bit for bit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_preemption_saves_exits_75_and_the_next_run_continues(
     tmp_path: Path, trainer: str, cache: Path, controls: Controls
@@ -211,6 +215,7 @@ def _run_k2(trainer: str, run_dir: Path, cache: Path, steps: int) -> multi.Job:
     return job
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_two_processes_agree_on_the_newest_step_both_verify(
     tmp_path: Path, trainer: str, cache: Path, controls_k2: Controls

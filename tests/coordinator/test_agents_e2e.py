@@ -14,6 +14,7 @@ from tests.slurm.helpers import down_node, wait_for
 pytestmark = pytest.mark.slurm
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("via", ["agent", "kmsg"])
 def test_injected_xid79_reaches_a_decision_and_the_node_goes_down(
     coordinator: Coordinator, agents: dict[str, int], slurm_ctl: CliSlurm, via: str
@@ -32,6 +33,7 @@ def test_injected_xid79_reaches_a_decision_and_the_node_goes_down(
     assert stored["event"]["injected"] is (via == "agent")
 
 
+@pytest.mark.slow
 def test_inject_refuses_unknown_faults_and_nodes_and_records_nothing(
     coordinator: Coordinator, agents: dict[str, int]
 ) -> None:

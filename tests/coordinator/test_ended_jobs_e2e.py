@@ -106,6 +106,7 @@ def detail(incident: dict[str, Any], name: str) -> str:
     return str(found)
 
 
+@pytest.mark.slow
 def test_the_process_dies_then_xid79_the_failed_job_is_requeued_and_resumes(
     coordinator: Coordinator, agents: dict[str, int], slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -148,6 +149,7 @@ def test_the_process_dies_then_xid79_the_failed_job_is_requeued_and_resumes(
     assert requeue_calls(coordinator) == [f"requeue {job_id}"]  # once
 
 
+@pytest.mark.slow
 def test_drained_first_the_process_dies_a_moment_later_and_is_requeued(
     coordinator: Coordinator, agents: dict[str, int], slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -176,6 +178,7 @@ def test_drained_first_the_process_dies_a_moment_later_and_is_requeued(
     assert requeue_calls(coordinator) == [f"requeue {job_id}"]
 
 
+@pytest.mark.slow
 def test_a_job_failing_on_a_healthy_node_is_left_alone(
     coordinator: Coordinator, slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -191,6 +194,7 @@ def test_a_job_failing_on_a_healthy_node_is_left_alone(
     assert (info.state, info.restart_count) == ("FAILED", 0)
 
 
+@pytest.mark.slow
 def test_a_job_exiting_with_the_do_not_restart_status_is_never_requeued(
     coordinator: Coordinator, slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -211,6 +215,7 @@ def test_a_job_exiting_with_the_do_not_restart_status_is_never_requeued(
     assert (info.state, info.restart_count) == ("FAILED", 0)
 
 
+@pytest.mark.slow
 def test_a_slurmd_crash_incident_names_the_job_slurm_requeued(
     coordinator: Coordinator, local_cluster: LocalCluster, slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:

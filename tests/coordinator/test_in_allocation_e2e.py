@@ -21,7 +21,9 @@ from tests.helpers import RECOVER_SCRIPT
 from tests.slurm.helpers import down_node, wait_for
 from tests.train import multi
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# The demo's second run (xid79 in-allocation, with the coordinator and agents) covers this path
+# in the whole tier; this variant (a job submitted with `recover sbatch --spares`) soaks.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.soak]
 
 ARGS = ["--steps", "16", "--save-every", "3", "--model", "mlp-tiny", "--step-sleep", "0.3"]
 

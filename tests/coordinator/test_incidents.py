@@ -71,6 +71,7 @@ def test_xid79_node_replaced_by_the_spare_and_training_ends_bit_exact(
     ]
 
 
+@pytest.mark.slow
 def test_xid94_requeues_the_job_and_keeps_the_node(
     coordinator: Coordinator, slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -91,6 +92,7 @@ def test_xid94_requeues_the_job_and_keeps_the_node(
     assert coordinator.scontrol_changes() == [f"requeue {job_id}"]
 
 
+@pytest.mark.slow
 def test_drain_reset_saves_before_the_job_leaves(
     coordinator: Coordinator, slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -119,6 +121,7 @@ def test_drain_reset_saves_before_the_job_leaves(
     assert {"node-drained", "jobs-signalled", "jobs-saved", "spare-promoted"} <= set(phases(inc))
 
 
+@pytest.mark.slow
 def test_killed_coordinator_restarts_and_finishes_without_repeating(
     coordinator: Coordinator, slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -137,6 +140,7 @@ def test_killed_coordinator_restarts_and_finishes_without_repeating(
     assert slurm_ctl.job(job_id).restart_count == 1
 
 
+@pytest.mark.slow
 def test_breaker_holds_a_burst_and_reset_releases_it(
     coordinator: Coordinator, slurm_ctl: CliSlurm
 ) -> None:
@@ -164,6 +168,7 @@ def test_breaker_holds_a_burst_and_reset_releases_it(
     assert coordinator.client.get("/v1/breaker")["held"] == []
 
 
+@pytest.mark.slow
 def test_a_crashed_slurmd_becomes_a_node_unreachable_incident(
     coordinator: Coordinator, local_cluster: LocalCluster, slurm_ctl: CliSlurm
 ) -> None:

@@ -33,6 +33,7 @@ def _existing(cluster: LocalCluster, coordinator: Coordinator) -> ExistingCluste
     )
 
 
+@pytest.mark.slow
 def test_a_scenario_runs_on_an_existing_cluster_and_leaves_it_running(
     local_cluster: LocalCluster,
     coordinator: Coordinator,
@@ -84,6 +85,7 @@ expect:
 """
 
 
+@pytest.mark.slow
 def test_a_failed_expectation_exits_10_saying_which_and_by_how_much(
     local_cluster: LocalCluster,
     coordinator: Coordinator,

@@ -184,6 +184,7 @@ def root() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_a_storm_of_20_takes_every_faulted_node_down_and_no_healthy_one(root: Path) -> None:
     require_local_slurm()

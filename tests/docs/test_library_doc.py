@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import recovery.api
 from recovery.api import EXIT_PREEMPTED, read_events
 
@@ -91,6 +93,7 @@ def completed_digest(proc: subprocess.CompletedProcess[str]) -> tuple[int, str]:
     return int(m.group(1)), m.group(2)
 
 
+@pytest.mark.slow
 def test_quickstart_survives_a_real_sigterm(tmp_path: Path) -> None:
     script = quickstart(tmp_path)
     run_dir = tmp_path / "run"
@@ -133,6 +136,6 @@ def test_quickstart_survives_a_real_sigterm(tmp_path: Path) -> None:
     restored = [e for e in logged if e["event"] == "restored"]
     assert [e["step"] for e in restored] == [stopped]
     # The resumed process began at the step it restored: nothing was recomputed.
-    second = logged[[i for i, e in enumerate(logged) if e["event"] == "started"][1]:]
+    second = logged[[i for i, e in enumerate(logged) if e["event"] == "started"][1] :]
     first_step = next(e["step"] for e in second if e["event"] == "step")
     assert first_step == stopped + 1

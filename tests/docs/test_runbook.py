@@ -97,6 +97,7 @@ def test_sh_blocks_are_found() -> None:
     assert len(scenario_lines) == 1, f"the runbook should run {SCENARIO_LINE!r} once"
 
 
+@pytest.mark.slow
 def test_runbook_runs_as_written(scratch: Path, demo_run: DemoRun) -> None:
     assert demo_run.done.returncode == 0, "the demo run the runbook reads failed:\n" + (
         demo_run.done.stdout[-3000:] + demo_run.done.stderr[-3000:]

@@ -8,6 +8,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from recovery.api import EXIT_PREEMPTED
 from tests.examples.conftest import SAVE_EVERY, command, events, run, wait_for_event
 
@@ -32,6 +34,7 @@ def finish(proc: subprocess.Popen[str]) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_75_and_the_rerun_matches_the_control(
     tmp_path: Path, example_env: dict[str, str], control_digest: str
 ) -> None:
@@ -52,6 +55,7 @@ def test_sigterm_saves_exits_75_and_the_rerun_matches_the_control(
     assert restored["step"] == stopped  # saved at the signal: nothing recomputed
 
 
+@pytest.mark.slow
 def test_sigkill_restarts_from_the_newest_checkpoint_and_matches_the_control(
     tmp_path: Path, example_env: dict[str, str], control_digest: str
 ) -> None:

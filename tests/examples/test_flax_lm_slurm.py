@@ -19,7 +19,6 @@ from tests.slurm.helpers import wait_for
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-
 def test_recover_sbatch_requeues_and_resumes_the_example_bit_exact(
     slurm_cluster: LocalCluster,
     slurm_ctl: CliSlurm,

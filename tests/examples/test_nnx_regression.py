@@ -74,6 +74,7 @@ def interrupted(run_dir: Path, env: dict[str, str], sig: int, event: str, step: 
     return proc.returncode
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_75_and_the_rerun_matches_the_control(
     tmp_path: Path, example_env: dict[str, str], control: str
 ) -> None:
@@ -90,6 +91,7 @@ def test_sigterm_saves_exits_75_and_the_rerun_matches_the_control(
     assert started == ["started", "started", "restored"]
 
 
+@pytest.mark.slow
 def test_sigkill_restarts_from_the_newest_checkpoint_and_matches_the_control(
     tmp_path: Path, example_env: dict[str, str], control: str
 ) -> None:
@@ -160,6 +162,7 @@ def pair_runs(
     return digest, base / "leg"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("place", ["template", "local"])
 def test_two_processes_resume_placed_on_the_job_and_match(
     tmp_path: Path, example_env: dict[str, str], pair_runs: tuple[str, Path], place: str

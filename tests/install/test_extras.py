@@ -150,6 +150,7 @@ def test_training_extra_trains_and_uses_the_api(part_venv: Path, tmp_path: Path)
     assert "API [0.0, 1.0, 2.0]" in api.stdout
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("part_venv", ["all"], indirect=True)
 def test_all_extra_lists_the_scenarios(part_venv: Path, tmp_path: Path) -> None:
     have = installed(part_venv)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.install.parts import PARTS, ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 ENV = {**os.environ, "STORAGE_DRIVER": "vfs", "BUILDAH_ISOLATION": "chroot"}
 CHECK = "import importlib.util as u, sys; print(sorted(m for m in sys.argv[1:] if u.find_spec(m)))"

@@ -52,6 +52,7 @@ RUNS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PARTS))
 def test_part_loads_nothing_its_extra_lacks(name: str, tmp_path: Path) -> None:
     part = PARTS[name]

@@ -45,6 +45,7 @@ def _others_marks(kube: KubeApi, node: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_mark_cordons_taints_annotates_and_conditions(
     kube_api: KubeApi, kube_nodes: KubeNodes
 ) -> None:

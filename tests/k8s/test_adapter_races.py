@@ -86,6 +86,7 @@ def _events(seen: list[KubeNode], node: str) -> list[HealthEvent]:
     return [e for e in got if e is not None]
 
 
+@pytest.mark.slow
 def test_the_watch_turns_notready_and_unknown_into_events(
     kube_api: KubeApi, kube_nodes: KubeNodes
 ) -> None:

@@ -84,6 +84,7 @@ def _marked(kube: KubeApi, node: str) -> dict[str, Any] | None:
     return obj if obj["spec"].get("unschedulable") and ours and cond else None
 
 
+@pytest.mark.slow
 def test_xid79_takes_the_node_out_in_slurm_and_kubernetes_and_the_spare_in_both(
     kube_coordinator: Coordinator, slurm_ctl: CliSlurm, kube_api: KubeApi,
     kube_slurm_nodes: KubeNodes, job_dir: Path,
@@ -140,6 +141,7 @@ def test_xid79_takes_the_node_out_in_slurm_and_kubernetes_and_the_spare_in_both(
     assert row["k8s"]["held_by"] == []
 
 
+@pytest.mark.slow
 def test_a_node_kubernetes_reports_notready_is_taken_out(
     kube_coordinator: Coordinator, slurm_ctl: CliSlurm, kube_api: KubeApi,
     kube_slurm_nodes: KubeNodes,
@@ -177,6 +179,7 @@ for i in $(seq 1 1200); do sleep 0.25; done
 """
 
 
+@pytest.mark.slow
 def test_the_slurmd_pod_stays_while_the_node_drains_and_goes_once_drained(
     kube_coordinator: Coordinator, slurm_ctl: CliSlurm, kube_api: KubeApi,
     kube_slurm_nodes: KubeNodes, job_dir: Path,
@@ -230,6 +233,7 @@ def slinky_coordinator(
     yield from _start(local_cluster, kube_api, kube_slurm_nodes, tmp_path, "--slinky")
 
 
+@pytest.mark.slow
 def test_in_a_slinky_cluster_the_operator_is_asked_to_drain(
     slinky_coordinator: Coordinator, slurm_ctl: CliSlurm, kube_api: KubeApi,
     kube_slurm_nodes: KubeNodes,

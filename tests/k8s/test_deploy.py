@@ -63,6 +63,7 @@ def test_kustomization_lists_every_manifest() -> None:
     assert sorted(listed) == on_disk
 
 
+@pytest.mark.slow
 def test_everything_rendered_passes_server_side_dry_run(
     kube_api: KubeApi, docs: list[dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -213,6 +214,7 @@ def _toleration_value_with_exists(docs: list[dict[str, Any]]) -> str:
     return "value must be empty when `operator` is 'Exists'"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("breakage", [_recreate_with_rolling_params, _toleration_value_with_exists])
 def test_a_broken_manifest_is_rejected(
     kube_api: KubeApi,

@@ -187,6 +187,7 @@ def _train(run_dir: Path, *extra: str) -> list[str]:
     return train_cmd(run_dir, 12, SAVE_EVERY, "--model", "mlp-tiny", *extra)
 
 
+@pytest.mark.slow
 def test_recover_train_killed_then_resumed_is_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

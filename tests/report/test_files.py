@@ -60,6 +60,7 @@ def _commands(md: str) -> list[list[str]]:
     return [c.split()[1:] for c in re.findall(r"`(recover [^`]+)`", md)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_command_the_runbook_names_exists(
     tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
@@ -71,6 +72,7 @@ def test_every_command_the_runbook_names_exists(
     capsys.readouterr()
 
 
+@pytest.mark.slow
 def test_recover_report_prints_the_table_and_the_png(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -87,6 +89,7 @@ def test_recover_report_prints_the_table_and_the_png(
     assert (run_dir / "timeline.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_recover_report_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = copy_sample("xid79-empty-pool", tmp_path)
     assert main(["report", str(run_dir), "--json"]) == 0

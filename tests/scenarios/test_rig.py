@@ -231,6 +231,7 @@ def test_local_slurm_control_without_slurmrestd_says_how(tmp_path: Path) -> None
         LocalUp(info).slurm_control(SlurmAccess("rest"), {})
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_a_real_local_rig_with_the_rest_backend_reads_slurm_through_slurmrestd(
     tmp_path_factory: pytest.TempPathFactory,

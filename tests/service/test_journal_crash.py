@@ -94,6 +94,7 @@ def _kill_loop(path: Path, kills: int, seed: int) -> tuple[int, int]:
     return len(acked), duplicates
 
 
+@pytest.mark.slow
 def test_sigkill_never_loses_an_acknowledged_event(tmp_path: Path) -> None:
     acked, duplicates = _kill_loop(tmp_path / "journal.db", kills=8, seed=4321)
     assert acked > 20, "the children should have committed something"
@@ -101,6 +102,7 @@ def test_sigkill_never_loses_an_acknowledged_event(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_sigkill_many_times(tmp_path: Path) -> None:
     acked, _ = _kill_loop(tmp_path / "journal.db", kills=40, seed=99)
     assert acked > 200

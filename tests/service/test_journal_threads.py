@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from recovery.ports.clock import FakeClock
 from service.journaldb.journal import SqliteJournal
 from tests.service.helpers import event, replace_decision
@@ -11,6 +13,7 @@ from tests.service.helpers import event, replace_decision
 WRITERS, PER_WRITER, READERS = 4, 150, 3
 
 
+@pytest.mark.slow
 def test_concurrent_writers_and_readers(journal: SqliteJournal, clock: FakeClock) -> None:
     errors: list[BaseException] = []
     done = threading.Event()

@@ -34,6 +34,7 @@ def fuzz_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
         yield api
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(schemathesis.GenerationMode))
 @pytest.mark.parametrize("token", [ADMIN_TOKEN, NODE_TOKENS["n1"]], ids=["admin", "agent"])
 def test_no_server_errors(fuzz_api: Api, mode: schemathesis.GenerationMode, token: str) -> None:

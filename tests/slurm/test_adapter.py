@@ -92,6 +92,7 @@ def test_someone_elses_mark_is_never_undone(
     assert slurm_backend.resume("node3", force=True) is True
 
 
+@pytest.mark.slow
 @pytest.mark.writes("drain", "requeue")
 def test_drain_then_requeue_moves_the_job(slurm_backend: SlurmControl, job_dir: Path) -> None:
     job_id = submit_loop(slurm_backend, job_dir)
@@ -155,6 +156,7 @@ def unreachable_twin(ctl: SlurmControl, tmp_path: Path) -> SlurmControl:
     return CliSlurm(conf, timeout_s=20)
 
 
+@pytest.mark.slow
 def test_unreachable_controller_is_transient_and_retried(
     slurm_backend: SlurmControl, tmp_path: Path
 ) -> None:

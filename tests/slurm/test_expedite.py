@@ -90,6 +90,7 @@ def test_the_local_2511_cluster_takes_expedited_requeue(ctl2511: CliSlurm) -> No
     assert expedite_allowed(ctl2511)
 
 
+@pytest.mark.slow
 def test_a_job_whose_node_goes_down_runs_again_elsewhere_never_there(
     ctl2511: CliSlurm, job_dir: Path
 ) -> None:
@@ -103,6 +104,7 @@ def test_a_job_whose_node_goes_down_runs_again_elsewhere_never_there(
     assert ctl2511.node(first).down  # ReturnToService=1: our DOWN holds
 
 
+@pytest.mark.slow
 def test_a_failed_expedited_job_without_an_incident_is_held_until_we_requeue_it(
     ctl2511: CliSlurm, job_dir: Path
 ) -> None:
@@ -140,6 +142,7 @@ def test_the_requeue_of_an_ended_run_that_slurm_holds_is_its_release(
     assert ctl2511.job(job_id).restart_count == 1  # released, not requeued a second time
 
 
+@pytest.mark.slow
 def test_training_that_died_before_the_fault_was_reported_is_released_by_the_coordinator(
     local_cluster_2511: LocalCluster, ctl2511: CliSlurm, job_dir: Path, tmp_path: Path
 ) -> None:
@@ -219,6 +222,7 @@ def open_incident(client: Client, node: str) -> bool:
     return any(i["node"] == node for i in client.get("/v1/incidents?open=true"))
 
 
+@pytest.mark.slow
 def test_a_job_that_failed_on_a_faulted_node_is_requeued_by_slurm_never_onto_it(
     epilog_cluster: tuple[LocalCluster, Client], tmp_path: Path
 ) -> None:

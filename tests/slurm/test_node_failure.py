@@ -21,6 +21,7 @@ from tests.slurm.helpers import (
 pytestmark = pytest.mark.slurm
 
 
+@pytest.mark.slow
 def test_down_requeues_the_job_onto_another_node(slurm_ctl: CliSlurm, job_dir: Path) -> None:
     job_id = submit_loop(slurm_ctl, job_dir)
     first = wait_for(lambda: running(slurm_ctl, job_id), 15, "job running")
@@ -35,6 +36,7 @@ def test_down_requeues_the_job_onto_another_node(slurm_ctl: CliSlurm, job_dir: P
     assert lines[0][2] == second.nodes[0]
 
 
+@pytest.mark.slow
 def test_crashed_slurmd_gets_its_node_down_and_the_job_requeued(
     local_cluster: LocalCluster, slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -56,6 +58,7 @@ def test_crashed_slurmd_gets_its_node_down_and_the_job_requeued(
     assert len(output_lines(job_dir, 0)) == before
 
 
+@pytest.mark.slow
 def test_a_crashed_node_we_mark_stays_out_when_its_slurmd_returns(
     local_cluster: LocalCluster, slurm_ctl: CliSlurm
 ) -> None:

@@ -42,6 +42,7 @@ def _reference_digest(run_dir: Path, args: list[str]) -> str:
     return str(completed["state_digest"])
 
 
+@pytest.mark.slow
 def test_usr1_saves_requeues_and_the_job_resumes_bit_exact(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -127,6 +128,7 @@ def test_down_node_training_resumes_and_matches_an_undisturbed_run(
 # --- several processes, one per node -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_processes_usr1_all_save_one_step_requeue_and_resume_bit_exact(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:

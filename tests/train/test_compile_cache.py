@@ -8,6 +8,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.train.multi import final_digest, run
 
 #: What JAX logs, with JAX_EXPLAIN_CACHE_MISSES=1, for a program not found in the cache.
@@ -19,6 +21,7 @@ def _programs(cache: Path) -> Counter[str]:
     return Counter(p.name.split("-", 1)[0] for p in cache.iterdir() if p.name.endswith("-cache"))
 
 
+@pytest.mark.slow
 def test_each_process_writes_its_programs_and_a_restart_loads_them(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -91,6 +91,7 @@ def _relaunch(run_dir: Path, root: Path, cache: Path, *nodes: str) -> None:
     assert job.wait() == [0, 0], job.errors()
 
 
+@pytest.mark.slow
 def test_a_relaunch_takes_the_state_from_the_survivors_memory(
     tmp_path: Path, cache: Path, control: str
 ) -> None:
@@ -117,6 +118,7 @@ def test_a_relaunch_takes_the_state_from_the_survivors_memory(
     assert not any(local_dir(root, n, run_dir, rid).exists() for n in ("n1", "n3"))
 
 
+@pytest.mark.slow
 def test_a_process_never_reads_another_nodes_copy(
     tmp_path: Path, cache: Path, control: str
 ) -> None:
@@ -135,6 +137,7 @@ def test_a_process_never_reads_another_nodes_copy(
     assert final_digest(run_dir, 2) == control
 
 
+@pytest.mark.slow
 def test_damaged_copies_fall_back_older_then_durable_and_say_why(
     tmp_path: Path, cache: Path, control: str
 ) -> None:
@@ -221,9 +224,12 @@ def test_a_slot_names_why_it_cannot_be_used(tmp_path: Path) -> None:
     other = MemoryTier(tmp_path / "m", every=1, run_config={"model": "b"}, processes=2)
     assert newest_local(other).step == -1
     assert "another run configuration" in newest_local(other).refused[-1][1]
-    assert "run of 2 processes" in newest_local(
-        MemoryTier(tmp_path / "m", every=1, run_config={"model": "a"}, processes=4)
-    ).refused[-1][1]
+    assert (
+        "run of 2 processes"
+        in newest_local(
+            MemoryTier(tmp_path / "m", every=1, run_config={"model": "a"}, processes=4)
+        ).refused[-1][1]
+    )
 
 
 def test_with_the_vote_one_step_late_cheap_copies_still_come_every_step(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ def control(k2_control: tuple[int, str]) -> str:
     return k2_control[1]
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_process_stops_both_after_the_same_step(
     tmp_path: Path, cache: Path, control: str
 ) -> None:
@@ -61,6 +62,7 @@ def test_a_signal_to_one_process_stops_both_after_the_same_step(
     assert (run_dir / "events.rank1.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_process_that_dies_stops_the_others_and_nothing_is_damaged(
     tmp_path: Path, cache: Path, control: str
 ) -> None:
@@ -89,6 +91,7 @@ def test_a_process_that_dies_stops_the_others_and_nothing_is_damaged(
     assert final_digest(run_dir, 2) == control
 
 
+@pytest.mark.slow
 def test_a_process_that_fails_makes_the_others_end_with_its_status(
     tmp_path: Path, cache: Path
 ) -> None:

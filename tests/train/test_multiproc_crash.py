@@ -89,6 +89,7 @@ def _crash_loop(
     assert final_digest(run_dir, k) == control
 
 
+@pytest.mark.slow
 def test_sigkill_of_any_process_two_processes(
     tmp_path: Path, cache: Path, k2_control: tuple[int, str]
 ) -> None:
@@ -100,6 +101,16 @@ def test_sigkill_of_any_process_two_processes(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [2, 3, 4])
-def test_sigkill_loop_many_kills(tmp_path: Path, cache: Path, k: int) -> None:
-    _crash_loop(tmp_path, cache, k=k, kills=8, steps=8 * 5 + 6, model="mlp-tiny-48", seed=k)
+@pytest.mark.parametrize(
+    ("k", "kills"),
+    [
+        (4, 3),
+        pytest.param(2, 8, marks=pytest.mark.soak),
+        pytest.param(3, 8, marks=pytest.mark.soak),
+        pytest.param(4, 8, marks=pytest.mark.soak),
+    ],
+)
+def test_sigkill_loop_many_kills(tmp_path: Path, cache: Path, k: int, kills: int) -> None:
+    _crash_loop(
+        tmp_path, cache, k=k, kills=kills, steps=kills * 5 + 6, model="mlp-tiny-48", seed=k
+    )

@@ -34,6 +34,7 @@ def _control(run_dir: Path, steps: int, cache: Path, *extra: str) -> str:
     return completed_digest(run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
 def test_signal_finishes_the_step_saves_and_exits_75(
     tmp_path: Path, cache: Path, sig: signal.Signals
@@ -68,6 +69,7 @@ def test_signal_finishes_the_step_saves_and_exits_75(
     assert completed_digest(run) == control
 
 
+@pytest.mark.slow
 def test_sharded_over_four_cpu_devices_resume_is_bit_exact(tmp_path: Path, cache: Path) -> None:
     four = ("--cpu-devices", "4", "--model", "mlp-small")
     control = _control(tmp_path / "control", 6, cache, *four)
@@ -142,10 +144,12 @@ def _kill_loop(tmp_path: Path, cache: Path, kills: int, seed: int) -> None:
     assert completed_digest(run) == control
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_never_breaks_resume(tmp_path: Path, cache: Path) -> None:
     _kill_loop(tmp_path, cache, kills=6, seed=1)
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_sigkill_loop_many_kills(tmp_path: Path, cache: Path) -> None:
     _kill_loop(tmp_path, cache, kills=45, seed=2)

@@ -29,6 +29,7 @@ def test_unknown_choices_name_the_valid_ones(tmp_path: Path) -> None:
         node_control(KubeOptions(kubeconfig=kc))  # no such file
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_bad_kubernetes_setting_before_touching_slurm(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "recover", "coordinator", "serve", "--state-dir",

@@ -60,6 +60,7 @@ def test_never_more_files_than_max_files() -> None:
     assert len(files_mod.plan_files(sizes[:5], max_files=16)) == 5  # one leaf per file at most
 
 
+@pytest.mark.slow
 @settings(deadline=None, max_examples=300)
 @given(
     sizes=st.lists(st.integers(0, 200 * MiB) | st.integers(0, 4096), max_size=60),

@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import pytest
+
 from benchmarks.decision_bench import report, run, targets
 from benchmarks.decision_rig import Options
 
@@ -34,6 +36,7 @@ def test_bench_runs_a_small_storm_under_both_policies(tmp_path: Path) -> None:
     json.dumps([asdict(raised), asdict(default)])  # what --json writes
 
 
+@pytest.mark.slow
 def test_bench_runs_a_small_storm_through_the_http_intake(tmp_path: Path) -> None:
     opts = Options(
         nodes=20,

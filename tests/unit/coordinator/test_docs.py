@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from recover import app
@@ -27,6 +28,7 @@ def test_the_policy_file_example_loads(tmp_path: Path) -> None:
     assert config.breaker.max_nodes == 10
 
 
+@pytest.mark.slow
 def test_every_command_in_the_synopsis_has_help() -> None:
     synopsis = re.search(r"```\n(recover coordinator serve.*?)```", DOC.read_text(), re.S)
     assert synopsis is not None

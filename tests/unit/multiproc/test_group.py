@@ -159,6 +159,7 @@ def test_a_member_that_falls_silent_is_lost_after_the_silence(form: Any) -> None
         result[0].abort("done")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("hello", "reason"),
     [
@@ -184,6 +185,7 @@ def test_a_stray_process_is_refused(hello: dict[str, Any], reason: str) -> None:
             rank0.result(10)
 
 
+@pytest.mark.slow
 def test_a_second_process_with_the_same_rank_is_refused() -> None:
     port = free_port()
     with ThreadPoolExecutor(3) as pool:
