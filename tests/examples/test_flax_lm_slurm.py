@@ -16,7 +16,8 @@ from tests.helpers import RECOVER_SCRIPT
 from tests.slurm.helpers import wait_for
 
 # Slow: the control run, then a job that is requeued once (minutes on a loaded machine).
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# The whole tier runs the example under Slurm as a scenario (tests/scenarios/test_command_job.py).
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.soak]
 
 
 def test_recover_sbatch_requeues_and_resumes_the_example_bit_exact(

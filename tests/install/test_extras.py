@@ -84,6 +84,7 @@ def part_venv(request: pytest.FixtureRequest, wheel: Path, tmp_path: Path) -> Pa
     return bin_dir
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("part_venv", ["agent"], indirect=True)
 def test_agent_extra_parses_a_kernel_log(part_venv: Path, tmp_path: Path) -> None:
     env = clean_env(part_venv)
@@ -100,6 +101,7 @@ def test_agent_extra_parses_a_kernel_log(part_venv: Path, tmp_path: Path) -> Non
 
 
 @pytest.mark.slurm
+@pytest.mark.soak
 @pytest.mark.parametrize("part_venv", ["coordinator"], indirect=True)
 def test_coordinator_extra_serves_and_answers_its_health_check(
     part_venv: Path, local_cluster: LocalCluster, tmp_path: Path

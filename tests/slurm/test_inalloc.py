@@ -54,7 +54,7 @@ def _crash_rank1_and_down_its_node(ctl: CliSlurm, run: Path) -> str:
 
 
 @pytest.mark.slow  # about 100 s: three JAX launches (first step, relaunch, control)
-@pytest.mark.parametrize("slurm_backend", ["cli", "cli@25.11"])
+@pytest.mark.parametrize("slurm_backend", ["cli", pytest.param("cli@25.11", marks=pytest.mark.soak)])
 def test_a_lost_node_is_replaced_by_the_jobs_spare_without_a_requeue(
     slurm_ctl: CliSlurm, job_dir: Path, slurm_backend: str
 ) -> None:
@@ -121,6 +121,7 @@ def test_a_supervisor_killed_mid_relaunch_requeues_the_job_and_nothing_is_lost(
 
 
 @pytest.mark.slow  # about 80 s: three launches of one process, and its control
+@pytest.mark.soak
 def test_a_second_fault_during_the_relaunch_takes_the_next_spare(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:

@@ -145,7 +145,14 @@ exit $?
 """
 
 
-@pytest.fixture(params=["fake", *(pytest.param(b, marks=pytest.mark.slurm) for b in BACKENDS)])
+# The real backends are ``slow``: the quick tier holds the fake to the cases, the whole tier
+# the real daemons.
+@pytest.fixture(
+    params=[
+        "fake",
+        *(pytest.param(b, marks=[pytest.mark.slurm, pytest.mark.slow]) for b in BACKENDS),
+    ]
+)
 def side(request: pytest.FixtureRequest) -> Iterator[Side]:
     """The backend under test: the fake, or a real one on a session cluster (22.05, or the
     25.11 build for ``NAME@25.11``)."""

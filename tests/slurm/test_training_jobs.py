@@ -42,7 +42,9 @@ def _reference_digest(run_dir: Path, args: list[str]) -> str:
     return str(completed["state_digest"])
 
 
+# The whole tier has the two-process version of this (below); this one soaks.
 @pytest.mark.slow
+@pytest.mark.soak
 def test_usr1_saves_requeues_and_the_job_resumes_bit_exact(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:
@@ -79,9 +81,10 @@ def test_usr1_saves_requeues_and_the_job_resumes_bit_exact(
     assert f"job {job_id} saved and stopped on USR1; requeueing" in out  # append mode kept it
 
 
-# Slow tier: the default tier still sees a job requeued off a DOWN node and resumed bit exact,
-# through the coordinator (`recover demo`).
+# Soak tier: the whole tier still sees a job requeued off a DOWN node and resumed bit exact,
+# through the coordinator (`recover demo`, the slurmd-crash scenario).
 @pytest.mark.slow
+@pytest.mark.soak
 def test_down_node_training_resumes_and_matches_an_undisturbed_run(
     slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:

@@ -213,6 +213,7 @@ def test_sigkill_during_saves_never_loses_a_durable_step(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_sigkill_during_saves_many_times(tmp_path: Path) -> None:
     steps = _kill_loop(tmp_path / "run", kills=48, seed=2024)
     assert steps == sorted(steps)
