@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suite. Pass pytest options through, e.g.:
 #   ./scripts/test.sh                   the whole tier (what a change must pass; budget 15 min)
-#   ./scripts/test.sh -m "not slow"     the quick tier: no real daemons or training runs (3 min)
+#   ./scripts/test.sh -m "not slow"     the quick tier: nothing that takes 3 s or more (3 min)
 #   ./scripts/test.sh --soak -m soak    the soak tier alone: long kill loops, the rest of the
 #                                       scenario matrix, image builds (CI runs it after the whole)
 #   ./scripts/test.sh tests/train -x

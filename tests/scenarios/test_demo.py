@@ -15,7 +15,7 @@ import pytest
 
 from tests.plugins.demo_run import DemoRun
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def test_recover_demo_ends_with_the_cost_of_the_failure(demo_run: DemoRun) -> None:

@@ -137,6 +137,7 @@ def test_a_hard_fault_scenario_passes_in_allocation(
     _check_nothing_left(Path(result["cluster_root"]))
 
 
+@pytest.mark.slow
 def test_the_demo_is_the_xid79_scenario_and_its_run_directory_is_complete(
     demo_run: DemoRun,
 ) -> None:

@@ -39,6 +39,7 @@ def _tell(proc: subprocess.Popen[bytes], text: str) -> None:
     proc.stdin.close()
 
 
+@pytest.mark.slow
 def test_two_standbys_given_their_ranks_train_as_a_launch_would(
     tmp_path: Path, cache: Path, k2_control: tuple[int, str]
 ) -> None:
