@@ -54,7 +54,9 @@ def _crash_rank1_and_down_its_node(ctl: CliSlurm, run: Path) -> str:
 
 
 @pytest.mark.slow  # about 100 s: three JAX launches (first step, relaunch, control)
-@pytest.mark.parametrize("slurm_backend", ["cli", pytest.param("cli@25.11", marks=pytest.mark.soak)])
+@pytest.mark.parametrize(
+    "slurm_backend", ["cli", pytest.param("cli@25.11", marks=pytest.mark.soak)]
+)
 def test_a_lost_node_is_replaced_by_the_jobs_spare_without_a_requeue(
     slurm_ctl: CliSlurm, job_dir: Path, slurm_backend: str
 ) -> None:

@@ -111,6 +111,4 @@ def test_sigkill_of_any_process_two_processes(
     ],
 )
 def test_sigkill_loop_many_kills(tmp_path: Path, cache: Path, k: int, kills: int) -> None:
-    _crash_loop(
-        tmp_path, cache, k=k, kills=kills, steps=kills * 5 + 6, model="mlp-tiny-48", seed=k
-    )
+    _crash_loop(tmp_path, cache, k=k, kills=kills, steps=kills * 5 + 6, model="mlp-tiny-48", seed=k)
