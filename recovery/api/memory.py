@@ -300,13 +300,16 @@ class MemoryTier:
         """Copy ``state`` (at ``step``) to the older slot; whether it was written. Never
         raises for a write that fails: the durable checkpoints are the tier below, a failed
         copy is logged (``on_error``) and a later one tried."""
-        from recovery.checkpoint import tree
+        from recovery.api import pytree
 
         self._pending = False
         started = self._clock()
+        # A leaf of typed PRNG keys is kept as its key data; a leaf that is no array or
+        # number raises UsageError naming it (a mistake in the loop, not a failed write).
+        arrays = pytree.flatten(state, private=False).arrays
         try:
             content, _ = slot_bytes(
-                step, tree.to_host(state), config_id=self.config_id, processes=self.processes
+                step, arrays, config_id=self.config_id, processes=self.processes
             )
             self.directory.mkdir(parents=True, exist_ok=True)
             target = self.slots()[self._slot]
@@ -390,6 +393,7 @@ def restore_from_memory(
     and checked against its digest; or, when none can be used, why (the caller falls back
     to the durable checkpoint). A collective: every process calls it.
     """
+    from recovery.api import pytree
     from recovery.checkpoint import tree
 
     t0 = time.perf_counter()
@@ -411,7 +415,17 @@ def restore_from_memory(
     holder = min(r for r, o in enumerate(offers) if int(o[0]) == best)
     digest, holder_node = str(offers[holder][1]), str(offers[holder][2])
     me = group.rank
-    items = tree.leaf_paths(template)
+    # What each leaf was kept as: a leaf of typed keys as its key data, a number as a 0-d
+    # array. Keys come back with the template's implementation; a copy of keys of another
+    # size is refused by the digest check below.
+    items: list[tuple[str, Any]] = []
+    key_impls: dict[str, str] = {}
+    for path, leaf in tree.leaf_paths(template):
+        if pytree.is_keys(leaf):
+            key_impls[path], layout = pytree.key_layout(leaf)
+            items.append((path, layout))
+        else:
+            items.append((path, leaf if hasattr(leaf, "dtype") else np.asarray(leaf)))
     arrays = _broadcast(items, held.arrays if me == holder else None, source=me == holder)
     got = arrays_digest(arrays)
     ok = group.allgather(got == digest, channel="memory")
@@ -421,7 +435,7 @@ def restore_from_memory(
             f"the copy of step {best} sent by process {holder} ({holder_node}) did not match "
             f"its digest on process(es) {', '.join(map(str, bad))}"
         )
-    state = tree.from_host(template, arrays)
+    state = pytree.unflatten(template, arrays, key_impls)
     return FromMemory(
         state,
         best,

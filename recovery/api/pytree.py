@@ -81,7 +81,7 @@ def flatten(state: Any, *, private: bool) -> Flat:
                 f"leaf {path!r} is the int {leaf}, beyond 64 bits; a checkpoint holds ints "
                 f"from {_INT_RANGE.start} to {_INT_RANGE.stop - 1}"
             )
-        if isinstance(leaf, jax.Array) and _is_keys(leaf):
+        if isinstance(leaf, jax.Array) and is_keys(leaf):
             key_impls[path] = str(jax.random.key_impl(leaf))
             items[i] = (path, jax.random.key_data(leaf))
     # An array sharded over several processes' devices: every process needs all of it (each
@@ -107,7 +107,7 @@ def flatten(state: Any, *, private: bool) -> Flat:
     return Flat({path: _host(leaf, private=private) for path, leaf in items}, key_impls)
 
 
-def _is_keys(leaf: Any) -> bool:
+def is_keys(leaf: Any) -> bool:
     """Whether ``leaf`` (an array or a ``jax.ShapeDtypeStruct``) holds typed PRNG keys."""
     import jax
 
@@ -115,7 +115,7 @@ def _is_keys(leaf: Any) -> bool:
     return dtype is not None and bool(jax.numpy.issubdtype(dtype, jax.dtypes.prng_key))
 
 
-def _key_layout(leaf: Any) -> tuple[str, jax.ShapeDtypeStruct]:
+def key_layout(leaf: Any) -> tuple[str, jax.ShapeDtypeStruct]:
     """The key implementation of a leaf of typed keys (an array or a ``ShapeDtypeStruct``)
     and the shape and dtype of its key data; nothing is computed."""
     import jax
@@ -173,8 +173,8 @@ def unflatten(
     default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     for i, (path, leaf) in enumerate(zip(paths, leaves, strict=True)):
         saved_impl = key_impls.get(path) if path in arrays else None
-        if _is_keys(leaf):
-            impl, data = _key_layout(leaf)
+        if is_keys(leaf):
+            impl, data = key_layout(leaf)
             if path in arrays and saved_impl != impl:
                 saved = arrays[path]
                 held = (
