@@ -36,7 +36,7 @@ def _completed(ctl: CliSlurm, job_id: str) -> JobInfo | None:
     return job if job.state == "COMPLETED" else None
 
 
-# Slow tier: the default tier's `recover demo` makes the same journey (xid79 through an agent,
+# Slow (not in the quick tier); `recover demo` makes the same journey (xid79 through an agent,
 # node DOWN, spare promoted, the job resumed and bit exact), with the report on top.
 @pytest.mark.slow
 def test_xid79_node_replaced_by_the_spare_and_training_ends_bit_exact(

@@ -4,7 +4,8 @@ kubernetes), the coordinator serves the local Slurm cluster in dry run and answe
 check (no JAX), training runs ``recover train`` and the library API (no service stack), and
 ``all`` lists the scenarios.
 
-Slow: each venv is a real ``pip install`` from PyPI (pip's cache makes repeats cheaper).
+Slow: each venv is a real ``pip install`` from PyPI (pip's cache makes repeats cheaper), so only
+``training`` is in the whole tier; the other extras are in the soak tier (``--soak``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ daemonless, as root, on a Debian 12 base made locally with debootstrap) and look
 runs its own command, holds its own extra's packages and none of the other parts' (the table
 in ``tests/install/parts.py``), and the coordinator does not run as root.
 
-Slow (about 1.5 min the first time: the base, then two ``pip install`` runs from PyPI).
+Soak tier (``--soak``): about 1.5-3.5 min (the base, then two ``pip install`` runs from PyPI).
 """
 
 from __future__ import annotations
