@@ -107,22 +107,24 @@ class JobTrail:
         """The nodes ``job_id`` was seen on, per restart count."""
         return {c: frozenset(r.nodes) for c, r in self._runs.get(job_id, {}).items()}
 
-    def headless_from(self, node: str, jobs: Mapping[str, JobInfo], since: float) -> dict[str, int]:
-        """Jobs seen on ``node`` at or after ``since`` that run on without it, their batch
-        host (:func:`recovery.policy.requeue.lost_batch_host`), each with its restart count."""
-        out: dict[str, int] = {}
+    def _seen_now(self, node: str, jobs: Mapping[str, JobInfo], since: float) -> list[JobInfo]:
+        """Jobs a tick saw on ``node`` at or after ``since`` at their restart count now."""
+        out: list[JobInfo] = []
         for job_id in self._by_node.get(node, ()):
             job = jobs.get(job_id)
             run = self._runs.get(job_id, {}).get(job.restart_count) if job else None
-            if (
-                job is not None
-                and run is not None
-                and node in run.nodes
-                and run.last_seen >= since
-                and lost_batch_host(job, node, job.restart_count)
-            ):
-                out[job_id] = job.restart_count
+            if job is not None and run is not None and node in run.nodes and run.last_seen >= since:
+                out.append(job)
         return out
+
+    def headless_from(self, node: str, jobs: Mapping[str, JobInfo], since: float) -> dict[str, int]:
+        """Jobs seen on ``node`` at or after ``since`` that run on without it, their batch
+        host (:func:`recovery.policy.requeue.lost_batch_host`), each with its restart count."""
+        return {
+            j.job_id: j.restart_count
+            for j in self._seen_now(node, jobs, since)
+            if lost_batch_host(j, node, j.restart_count)
+        }
 
     def released_by(self, node: str, jobs: Mapping[str, JobInfo], since: float) -> dict[str, int]:
         """Jobs seen on ``node`` at or after ``since`` that are COMPLETING at the same restart
@@ -130,20 +132,11 @@ class JobTrail:
         has not yet released: a multi-node job whose process on ``node`` died first (the
         step killed everywhere, ``node``'s Epilog done soonest) no longer names ``node``
         while it completes on the others, then names all of them again once it ended."""
-        out: dict[str, int] = {}
-        for job_id in self._by_node.get(node, ()):
-            job = jobs.get(job_id)
-            run = self._runs.get(job_id, {}).get(job.restart_count) if job else None
-            if (
-                job is not None
-                and run is not None
-                and job.state == "COMPLETING"
-                and node not in job.nodes
-                and node in run.nodes
-                and run.last_seen >= since
-            ):
-                out[job_id] = job.restart_count
-        return out
+        return {
+            j.job_id: j.restart_count
+            for j in self._seen_now(node, jobs, since)
+            if j.state == "COMPLETING" and node not in j.nodes
+        }
 
     def requeued_from(self, node: str, jobs: Mapping[str, JobInfo], since: float) -> dict[str, int]:
         """Jobs seen on ``node`` at or after ``since`` at a restart count lower than their count
