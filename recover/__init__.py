@@ -18,6 +18,7 @@ from recover import coordinator as _coordinator
 from recover import inject as _inject
 from recover import jobstep as _jobstep
 from recover import ops as _ops
+from recover import progress as _progress
 from recover import report as _report
 from recover import scenario as _scenario
 from recover import train as _train
@@ -42,6 +43,7 @@ _cluster.register(app)
 _ops.register(app)
 _inject.register(app)
 _report.register(app)
+_progress.register(app)
 _scenario.register(app)
 _jobstep.register(app)
 

@@ -1,6 +1,6 @@
-"""The library API: verified checkpoints, preemption and the event log for your own training
-code (a Flax/Optax loop, your model, your data). One import path; ``docs/library.md``
-documents every name in :data:`__all__` (a test keeps the two in step).
+"""The library API: verified checkpoints, preemption, progress reports and the event log for
+your own training code (a Flax/Optax loop, your model, your data). One import path;
+``docs/library.md`` documents every name in :data:`__all__` (a test keeps the two in step).
 
 Importing this package does not import JAX: the functions that convert pytrees import it when
 they run, so the names are usable for listing and verifying without the training extra.
@@ -24,6 +24,7 @@ from recovery.api.processes import (
     leave,
     topology_from_env,
 )
+from recovery.api.progress import ENV_PROGRESS_DIR, Phase, Progress, open_progress, progress_dir
 from recovery.checkpoint import SaveResult, StepStatus
 from recovery.errors import (
     AllCheckpointsDamagedError,
@@ -41,6 +42,7 @@ from recovery.errors import (
 )
 
 __all__ = [
+    "ENV_PROGRESS_DIR",
     "EVENTS",
     "EVENTS_FILE",
     "EXIT_DO_NOT_RESTART",
@@ -60,8 +62,10 @@ __all__ = [
     "Imported",
     "NoCheckpointError",
     "PeerLostError",
+    "Phase",
     "Preemption",
     "Processes",
+    "Progress",
     "RecoverError",
     "Restored",
     "RunLockedError",
@@ -75,6 +79,8 @@ __all__ = [
     "join",
     "leave",
     "open_event_log",
+    "open_progress",
+    "progress_dir",
     "read_events",
     "topology_from_env",
 ]

@@ -34,19 +34,20 @@ from recovery.api.memory import (
 )
 from recovery.api.preemption import Preemption
 from recovery.api.processes import Processes
+from recovery.api.progress import open_progress
 from recovery.api.ranks import Log, StopVote, failing_together, finish, start
 from recovery.contract.exits import EXIT_PREEMPTED
 from recovery.contract.workload import registered, workload_dir
 from recovery.errors import UsageError
 from recovery.events import EventLog, events_file, slurm_context
 from recovery.multiproc import Topology, topology_from_env
+from recovery.progress import Phase, ProgressWriter
 from recovery.train import compile_cache
 from recovery.train.options import ResumeMode, TrainOptions, TrainOutcome, validate
 from recovery.train.restore import restore_or_init
 from recovery.train.run import Run
 
 if TYPE_CHECKING:
-
     from recovery.train.model import ModelSpec
 
 __all__ = [
@@ -91,7 +92,14 @@ def run_training(
         preemption.installed() if handle_signals else nullcontext(preemption)
     )
     with signals:  # first: a signal during the (long) start-up still asks for a save
-        return _run(opts, topology, preemption, environ, clock, log)
+        progress = open_progress(opts.run_dir, environ=environ)  # in its start-up phase
+        ended = False
+        try:
+            outcome = _run(opts, topology, preemption, environ, clock, log, progress)
+            ended = True
+            return outcome
+        finally:
+            progress.close(done=ended)
 
 
 def _run(
@@ -101,6 +109,7 @@ def _run(
     environ: Mapping[str, str],
     clock: Callable[[], float],
     log: Log,
+    progress: ProgressWriter,
 ) -> TrainOutcome:
     from recovery.train import model as M
 
@@ -114,14 +123,14 @@ def _run(
             f"{topology.size} processes; models whose batch does: {', '.join(fits) or 'none'}"
         )
     if topology.multi:
-        return _run_multi(opts, topology, spec, config, preemption, environ, clock, log)
+        return _run_multi(opts, topology, spec, config, preemption, environ, clock, log, progress)
     events = EventLog(events_file(opts.run_dir), context=slurm_context(environ), clock=clock)
     try:
         with _manager(opts, config, events, clock, log) as manager:
             leftovers = manager.open()  # the run lock, before the run announces itself
             run = Run(
                 opts, spec, M.make_mesh(), config, manager, events, log, preemption,
-                environ=environ,
+                environ=environ, progress=progress,
             )  # fmt: skip
             return _run_locked(run, leftovers)
     finally:
@@ -160,6 +169,7 @@ def _run_multi(
     environ: Mapping[str, str],
     clock: Callable[[], float],
     log: Log,
+    progress: ProgressWriter,
 ) -> TrainOutcome:
     """One process of several: join, then as :func:`run_training` with process 0 holding the
     run lock and clearing leftovers before anyone writes, then end together."""
@@ -182,8 +192,18 @@ def _run_multi(
                 mesh = M.make_mesh(topology.size)
                 memory = _memory_tier(opts, config, topology, environ, log)
                 run = Run(
-                    opts, spec, mesh, config, manager, events, log, preemption, ranks, memory,
+                    opts,
+                    spec,
+                    mesh,
+                    config,
+                    manager,
+                    events,
+                    log,
+                    preemption,
+                    ranks,
+                    memory,
                     environ=environ,
+                    progress=progress,
                 )
                 with compile_cache.every_process_writes(topology.size):
                     outcome = _run_locked(run, leftovers)
@@ -244,7 +264,8 @@ def _run_locked(run: Run, leftovers: list[str]) -> TrainOutcome:
         jax.eval_shape(init),
         M.state_shardings(run.spec, run.mesh),
     )
-    state, restored = restore_or_init(run, template, init)
+    with _phase(run, Phase.restore):
+        state, restored = restore_or_init(run, template, init)
     origin = f"resuming from step {restored.step}" if restored else "starting fresh"
     where = "" if run.ranks is None else f" (process {run.ranks.rank} of {run.ranks.size})"
     run.log(
@@ -275,7 +296,8 @@ def _train(run: Run, state: Any) -> TrainOutcome:
     step = int(state["step"])
     programs = _compile(run, state, step)
     state, step, updates, stopped_by = _steps(run, state, step, programs)
-    digest = run.manager.finalize(step, state, metadata={"data_position": step})
+    with _phase(run, Phase.save):
+        digest = run.manager.finalize(step, state, metadata={"data_position": step})
     if stopped_by is not None and step < run.opts.steps:
         name = signal.Signals(stopped_by).name
         run.events.emit("preempted", step=step, checkpoint_step=step, signal=name, updates=updates)
@@ -287,6 +309,11 @@ def _train(run: Run, state: Any) -> TrainOutcome:
         tier = {"memory_copies": run.memory.copies, "memory_s": round(run.memory.spent_s, 6)}
     run.events.emit("completed", step=step, state_digest=digest, updates=updates, **tier)
     return TrainOutcome(step, digest, preempted=False, updates=updates)
+
+
+def _phase(run: Run, phase: Phase) -> AbstractContextManager[None]:
+    """``phase`` in this process's progress record, when it keeps one."""
+    return nullcontext() if run.progress is None else run.progress.phase(phase)
 
 
 def _compile(run: Run, state: Any, step: int) -> _Programs:
@@ -325,7 +352,7 @@ def _steps(
     A single process stops at the first step boundary after its signal; several stop
     together, one step later (:class:`~recovery.api.ranks.StopVote`).
     """
-    opts, ranks, memory = run.opts, run.ranks, run.memory
+    opts, ranks, memory, progress = run.opts, run.ranks, run.memory, run.progress
     stop: Callable[[int | None, bool], tuple[int | None, bool]] = (
         (lambda s, c: (s, c)) if ranks is None else StopVote(ranks)
     )
@@ -341,11 +368,15 @@ def _steps(
             break
         if ranks is not None:
             ranks.step = step
+        if progress is not None:
+            progress.step_started(step + 1)
         t = time.perf_counter()
         state, loss = programs.step_fn(state, programs.batch_fn(programs.position(step)))
         loss_value = float(loss)  # waits for the step to finish
         step += 1
         updates += 1
+        if progress is not None:
+            progress.step_finished(step)
         step_s = time.perf_counter() - t
         run.events.emit(
             "step", step=step, loss=loss_value, step_s=round(step_s, 6), data_position=step - 1
@@ -353,9 +384,11 @@ def _steps(
         if step % progress_every == 0 or step == opts.steps:
             run.log(f"step {step}/{opts.steps} loss {loss_value:.4f} ({step_s * 1e3:.1f} ms/step)")
         if step % opts.save_every == 0 and step < opts.steps:
-            run.manager.save(step, state, metadata={"data_position": step})
+            with _phase(run, Phase.save):  # blocks only for the host copy when async
+                run.manager.save(step, state, metadata={"data_position": step})
         if memory is not None and copy_now and step < opts.steps:
-            memory.copy(step, state)
+            with _phase(run, Phase.save):
+                memory.copy(step, state)
         if opts.step_sleep:
             time.sleep(opts.step_sleep)
     return state, step, updates, stopped_by

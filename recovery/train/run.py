@@ -12,6 +12,7 @@ from recovery.api.memory import MemoryTier
 from recovery.api.preemption import Preemption
 from recovery.api.ranks import Log, Ranks
 from recovery.events import EventLog
+from recovery.progress import ProgressWriter
 from recovery.train.options import TrainOptions
 
 if TYPE_CHECKING:
@@ -40,3 +41,5 @@ class Run:
     """Node-local copies of the state (``--memory-every``); None: off."""
     environ: Mapping[str, str] = field(default_factory=dict)
     """The environment the run was started with (what :func:`run_training` was given)."""
+    progress: ProgressWriter | None = None
+    """This process's progress record (what the job's watcher reads); None: not reported."""

@@ -14,6 +14,7 @@ import pytest
 from recovery.checkpoint import CheckpointStore, RunLock
 from recovery.contract.exits import EXIT_PREEMPTED
 from recovery.multiproc import EXIT_PEER_LOST
+from recovery.progress import Phase, read_records
 from tests.train.conftest import run_cli, train_cmd, wait_for
 from tests.train.multi import STOP_WITHIN_S, final_digest, launch, of, run
 
@@ -52,6 +53,11 @@ def test_a_signal_to_one_process_stops_both_after_the_same_step(
     manifest = json.loads((run_dir / f"checkpoints/step_{stopped:08d}/manifest.json").read_text())
     assert manifest["metadata"] == {"data_position": stopped, "processes": 2}
     assert [f["name"] for f in manifest["files"]] == ["D00000.bin", "D00001.bin"]  # one each
+    records = read_records(run_dir / "progress")
+    assert sorted(records) == [0, 1]
+    assert {(r.phase, r.step_finished, r.size) for r in records.values()} == {
+        (Phase.done, stopped, 2)
+    }
 
     run(run_dir, 2, STEPS, 4, "--resume", "--compile-cache", str(cache))
     assert final_digest(run_dir, 2) == control
@@ -84,6 +90,9 @@ def test_a_process_that_dies_stops_the_others_and_nothing_is_damaged(
     assert "died or was killed" in lost["reason"]
     assert lost["heard_unix"] >= killed_at
     assert not of(run_dir, "peer-lost").get(1)  # the dead one wrote nothing more
+    dead = read_records(run_dir / "progress")[1]
+    assert dead.phase is not Phase.done  # a killed process never says it ended cleanly
+    assert dead.pid == job.pid(1)
 
     resumed = launch(run_dir, 2, STEPS, 2, "--auto-resume", "--compile-cache", str(cache))
     assert resumed.wait() == [0, 0], resumed.errors()

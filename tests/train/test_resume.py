@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,22 @@ def test_events_have_the_documented_fields(tmp_path: Path) -> None:
     final = next(e for e in log if e["event"] == "checkpoint" and e["checkpoint_step"] == 4)
     assert final["state_digest"] == log[-1]["state_digest"]
     assert "warmup_s" in log[1]
+
+
+def test_the_progress_record_follows_the_run(tmp_path: Path) -> None:
+    """What the job's watcher reads: each step as it finishes, the saves and the restore as
+    phases (not steps), and the clean end."""
+    from recovery.progress import Phase, read_records
+
+    run_training(
+        _opts(tmp_path, 6, save_every=2), environ={"SLURMD_NODENAME": "nodeX"}, handle_signals=False
+    )
+    (record,) = read_records(tmp_path / "progress").values()
+    assert (record.rank, record.size, record.node, record.pid) == (0, 1, "nodeX", os.getpid())
+    assert (record.phase, record.step_started, record.step_finished) == (Phase.done, 6, 6)
+    step_s = [e["step_s"] for e in events(tmp_path) if e["event"] == "step"]
+    assert 0 < record.last_step_s < 60
+    assert record.last_step_s >= step_s[-1]  # from the step before's end: the loop's whole turn
 
 
 def test_fresh_run_refuses_to_overwrite_checkpoints(tmp_path: Path) -> None:
