@@ -232,11 +232,20 @@ def sbatch(
     train ...; prints the job id. With -N K, recover train runs as K processes, one per node
     (data parallel; see docs/multiprocess.md); --spares S keeps S more nodes in the job to
     recover on (docs/in-allocation.md)."""
-    from slurm.sbatch import default_processes, requeue_warning, submit_training, training_job
+    from slurm.sbatch import (
+        default_processes,
+        job_workdir,
+        requeue_warning,
+        resolve_program,
+        submit_training,
+        training_job,
+    )
 
     raw: list[str] = ctx.meta.get("recover.raw_args", [])
     command = raw[raw.index("--") + 1 :] if "--" in raw else []
     sbatch_args = ctx.args[: len(ctx.args) - len(command)]
+    # what the job cannot find would fail it at once
+    command = resolve_program(command, workdir=job_workdir(sbatch_args))
     count = default_processes(command, sbatch_args) if processes is None else processes
     if print_script:
         job = training_job(

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Sequence
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from recovery.contract.exits import EXIT_PREEMPTED
@@ -279,6 +281,66 @@ def _node_options(sbatch_args: Sequence[str], processes: int) -> dict[str, str |
             f"{nodes} processes"
         )
     return {}
+
+
+def resolve_program(
+    command: Sequence[str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    workdir: str | None = None,
+    own_executable: str | None = None,
+) -> list[str]:
+    """``command`` as the job will find it: the job inherits this shell's PATH and working
+    directory (sbatch's default ``--export=ALL``), so what is not found here now fails at
+    once there (``execve(): ...: No such file or directory``) and leaves a failed job.
+
+    A bare ``recover`` that is not on PATH becomes this installation's own (the ``recover``
+    beside ``own_executable``, default this Python; else ``python -m recover``). Any other
+    program that is not found is refused before submission, naming where it was looked for.
+    An empty command is returned as is (the script refuses it).
+    """
+    cmd = list(command)
+    if not cmd:
+        return cmd
+    env = os.environ if environ is None else environ
+    prog = cmd[0]
+    where = Path(workdir or os.getcwd())
+    if "/" in prog:
+        path = where / prog
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise UsageError(
+                f"{prog} is not an executable file (looked for {path}); give the program's "
+                "path, or run it through its interpreter (e.g. -- python3 train.py)"
+            )
+        return cmd
+    search = env.get("PATH", os.defpath)
+    if shutil.which(prog, path=search) is not None:
+        return cmd
+    if prog == "recover":
+        python = own_executable or sys.executable
+        beside = Path(python).parent / "recover"
+        if beside.is_file() and os.access(beside, os.X_OK):
+            return [str(beside), *cmd[1:]]
+        return [python, "-m", "recover", *cmd[1:]]
+    raise UsageError(
+        f"{prog!r} is not on this shell's PATH, which the job inherits ({search or 'empty'}); "
+        f"give its full path, or put its folder on PATH before submitting"
+    )
+
+
+def job_workdir(sbatch_args: Sequence[str], cwd: str | None = None) -> str:
+    """The directory the job starts in: sbatch's ``--chdir``/``-D`` (relative to ``cwd``)
+    when given, else ``cwd`` (default: this process's)."""
+    here = cwd or os.getcwd()
+    found: str | None = None
+    for i, arg in enumerate(sbatch_args):
+        if arg in ("-D", "--chdir") and i + 1 < len(sbatch_args):
+            found = sbatch_args[i + 1]
+        elif arg.startswith("--chdir="):
+            found = arg.split("=", 1)[1]
+        elif arg.startswith("-D") and len(arg) > 2:
+            found = arg[2:]
+    return here if found is None else str(Path(here) / found)
 
 
 def training_job(

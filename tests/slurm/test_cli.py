@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -26,10 +28,60 @@ def _no_inherited_slurm_conf(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sbatch_print_script_splits_sbatch_options_from_the_command(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     assert main(["sbatch", "--time=5", "-N", "1", "--print-script", "--", *TRAIN]) == 0
     assert capsys.readouterr().out == GOLDEN.read_text() + "\n"
+
+
+def test_sbatch_finds_recover_where_the_job_will_not(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A shell without recover on PATH (it ran .venv/bin/recover): the job inherits that PATH
+    and would fail at once (execve: No such file or directory). The script runs this
+    installation's recover instead, for the step and its supervisor alike."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    own = Path(sys.executable).parent / "recover"
+    assert own.is_file()
+    assert main(["sbatch", "-N", "2", "--spares", "1", "--print-script", "--", *TRAIN]) == 0
+    script = capsys.readouterr().out
+    assert f"{own} supervise-job" in script
+    assert f"-- {own} train" in script
+    assert " recover train" not in script
+
+
+@pytest.mark.parametrize(
+    ("program", "says"),
+    [
+        ("trian.py", "'trian.py' is not on this shell's PATH"),
+        ("./missing.sh", "./missing.sh is not an executable file"),
+    ],
+)
+def test_sbatch_refuses_a_program_the_job_cannot_find(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    program: str, says: str,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    assert main(["sbatch", "--print-script", "--", program, "--steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert says in err
+    assert "full path" in err or "give the program's path" in err
+
+
+def test_a_relative_program_is_looked_for_where_the_job_starts(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "job").mkdir()
+    script = tmp_path / "job" / "run.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    for chdir in (["--chdir=job"], ["-D", str(tmp_path / "job")]):
+        assert main(["sbatch", *chdir, "--print-script", "--", "./run.sh"]) == 0
+        assert "./run.sh &" in capsys.readouterr().out
+    assert main(["sbatch", "--print-script", "--", "./run.sh"]) == 2
+    assert f"looked for {tmp_path}/run.sh" in capsys.readouterr().err
 
 
 def test_sbatch_without_a_command_says_how(capsys: pytest.CaptureFixture[str]) -> None:
