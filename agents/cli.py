@@ -9,6 +9,7 @@ Only light imports here (no pynvml, no grpc): the ``recover`` CLI imports this m
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from agents.runtime import DEFAULT_SOURCES, SOURCES, Agent, AgentConfig, run_age
 from recovery import climain
 from recovery.contract.workload import DEFAULT_DIR
 from recovery.errors import UsageError, unknown_choice
+from recovery.progress.registry import registry_dir
 
 app = typer.Typer(
     name="agent",
@@ -94,6 +96,7 @@ def agent_config(
     kmsg_interval_s: float = 0.05,
     kmsg_from: str = "auto",
     tpu_workload_dir: Path = DEFAULT_DIR,
+    progress_registry: Path | None = None,
 ) -> AgentConfig:
     """The agent's settings from ``recover agent run``'s options. Raises UsageError naming
     what is valid (sources, bus ids, the token file's form)."""
@@ -121,6 +124,7 @@ def agent_config(
         heartbeat_s=heartbeat_s,
         kmsg_from=kmsg_from,
         tpu_workload_dir=tpu_workload_dir,
+        progress_registry=progress_registry or registry_dir(os.environ),
     )
 
 
@@ -164,6 +168,13 @@ def run_cmd(
             help="Where TPU training jobs keep their markers ($RECOVER_TPU_WORKLOAD_DIR)."
         ),
     ] = DEFAULT_DIR,
+    progress_registry: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where training processes register their progress records "
+            "[$RECOVER_PROGRESS_REGISTRY, else /run/recover/progress]."
+        ),
+    ] = None,
 ) -> None:
     """Run the node agent until SIGTERM: detect, spool, deliver, heartbeat, obey commands."""
     config = agent_config(
@@ -180,6 +191,7 @@ def run_cmd(
         kmsg_interval_s=kmsg_interval,
         kmsg_from=kmsg_from,
         tpu_workload_dir=tpu_workload_dir,
+        progress_registry=progress_registry,
     )
     run_agent(Agent(config, log=_log))
 

@@ -2,8 +2,8 @@
 
 Threads (all started by :meth:`Agent.run`, all stopped by its ``stop`` event):
 
-* one per source (``nvml``, ``kmsg``, ``journald``, ``tpu``): each hands events to
-  :meth:`Agent.submit`;
+* one per source (``nvml``, ``kmsg``, ``journald``, ``tpu``, ``progress``): each hands events
+  to :meth:`Agent.submit`;
 * the pipeline (the thread that called :meth:`Agent.run`): the only owner of the
   Deduplicator; takes events off a queue, folds repeats, puts what passes into the Spool and
   wakes the publisher; flushes ended deduplication windows every ``flush_s``; saves the
@@ -32,6 +32,7 @@ stays spooled for the next start.
 from __future__ import annotations
 
 import functools
+import os
 import queue
 import signal
 import threading
@@ -55,12 +56,13 @@ from recovery.contract.workload import DEFAULT_DIR, any_registered
 from recovery.errors import TransientError, unknown_choice
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock, SystemClock
+from recovery.progress.registry import registry_dir
 
 Log = Callable[[str], None]
 #: A queued event, the Event to set once it is settled, and the read mark of its line.
 _Item = tuple[HealthEvent, threading.Event | None, tuple[MarkFile, Mark] | None]
-SOURCES = ("inject", "journald", "kmsg", "nvml", "tpu")
-DEFAULT_SOURCES = ("nvml", "kmsg", "inject")
+SOURCES = ("inject", "journald", "kmsg", "nvml", "progress", "tpu")
+DEFAULT_SOURCES = ("nvml", "kmsg", "inject", "progress")
 AGENT_VERSION = "0.1.0"
 KMSG_FROM = ("auto", "end", "start")
 #: Read marks are saved (fsynced) at most this often while lines keep coming, in seconds, and
@@ -96,6 +98,11 @@ class AgentConfig:
     or ``end`` (only what is appended after each start)."""
     journalctl: tuple[str, ...] = ("journalctl",)
     """The command the ``journald`` source runs (``journalctl`` on PATH by default)."""
+    progress_registry: Path = field(default_factory=lambda: registry_dir(os.environ))
+    """Where training processes on this node register their progress records
+    (``$RECOVER_PROGRESS_REGISTRY``, else ``/run/recover/progress``)."""
+    progress_interval_s: float = 1.0
+    """How often the ``progress`` source looks at the jobs' records."""
 
     def __post_init__(self) -> None:
         if self.kmsg_from not in KMSG_FROM:
@@ -322,6 +329,18 @@ class Agent:
             started.append(self._start("nvml", lambda: self._run_nvml(stop)))
         if "tpu" in cfg.sources:
             started.append(self._start("tpu", lambda: self._run_tpu(stop)))
+        if "progress" in cfg.sources:
+            from agents.progress import ProgressSource
+
+            watcher = ProgressSource(
+                cfg.node, self.clock, cfg.progress_registry, log=self.log,
+                agent_version=cfg.version,
+            )  # fmt: skip
+            started.append(
+                self._start(
+                    "progress", lambda: watcher.run(self.emit, stop, cfg.progress_interval_s)
+                )
+            )
         if "inject" in cfg.sources:
             self._start("commands", lambda: self._commands(service_stop))
         return started

@@ -32,6 +32,23 @@ def _accelerator(platform: str) -> str | None:
     return None if devices else f"needs a {platform.upper()}: JAX found none"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Training processes register their progress records for the node agents
+    # (recovery.progress.registry). Each test process, and what it starts (agents, jobs),
+    # uses its own registry: agents of one worker's cluster never judge another worker's jobs
+    # with the same node names, and nothing is left in /run/recover/progress.
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    os.environ["RECOVER_PROGRESS_REGISTRY"] = f"/tmp/recover-progress-{os.getpid()}-{worker}"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    registry = os.environ.get("RECOVER_PROGRESS_REGISTRY", "")
+    if registry.startswith(f"/tmp/recover-progress-{os.getpid()}-"):
+        shutil.rmtree(registry, ignore_errors=True)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--soak",

@@ -15,6 +15,7 @@ from pathlib import Path
 from recovery.contract.memplace import node_name
 from recovery.multiproc import topology_from_env
 from recovery.progress.record import PHASES, Phase, ProgressWriter
+from recovery.progress.registry import registry_dir
 
 __all__ = ["ENV_PROGRESS_DIR", "PHASES", "Phase", "Progress", "open_progress", "progress_dir"]
 
@@ -37,9 +38,11 @@ def open_progress(
 ) -> ProgressWriter:
     """This process's progress reporter, its record in :func:`progress_dir` named after its
     rank (:func:`recovery.api.topology_from_env`), with a thread that keeps its liveness mark
-    fresh. Report with ``step_started(n)`` (optional) and ``step_finished(n)``; wrap long
-    phases in ``with progress.phase("save"):`` (``startup``, ``restore``, ``save``,
-    ``evaluation``, ``data``, ``paused``); ``close()`` at the end marks the process done.
+    fresh, and an entry in the node's registry (``$RECOVER_PROGRESS_REGISTRY``, default
+    ``/run/recover/progress``) through which the node's agent finds it. Report with
+    ``step_started(n)`` (optional) and ``step_finished(n)``; wrap long phases in ``with
+    progress.phase("save"):`` (``startup``, ``restore``, ``save``, ``evaluation``, ``data``,
+    ``paused``); ``close()`` at the end marks the process done.
 
     Each call is a few stores into a shared mapping: no system call, about a microsecond.
 
@@ -48,7 +51,12 @@ def open_progress(
     env = os.environ if environ is None else environ
     topo = topology_from_env(env)
     writer = ProgressWriter(
-        progress_dir(run_dir, env), rank=topo.rank, size=topo.size, node=node_name(env)
+        progress_dir(run_dir, env),
+        rank=topo.rank,
+        size=topo.size,
+        node=node_name(env),
+        registry=registry_dir(env),
+        job=env.get("SLURM_JOB_ID", ""),
     )
     writer.start_alive()
     return writer

@@ -40,6 +40,8 @@ class Source(StrEnum):
     injected = "injected"
     operator = "operator"
     """An operator's statement through the coordinator (``recover node repaired``)."""
+    progress = "progress"
+    """A training job's own progress reports, judged by the node's agent (hangs)."""
 
 
 class DriverAction(StrEnum):

@@ -36,6 +36,7 @@ from enum import IntEnum
 from pathlib import Path
 
 from recovery.errors import UsageError, unknown_choice
+from recovery.progress.registry import register
 
 MAGIC = b"RPRG"
 VERSION = 1
@@ -137,6 +138,9 @@ class ProgressWriter:
     writer's own ``alive_at`` thread (started by :meth:`start_alive`, stopped by
     :meth:`close`).
 
+    ``registry``: a node-local directory where the node's agent finds this record
+    (:mod:`recovery.progress.registry`; None: not registered), with the Slurm ``job``.
+
     Raises UsageError when the directory cannot hold the file.
     """
 
@@ -148,6 +152,8 @@ class ProgressWriter:
         size: int = 1,
         node: str = "",
         clock: Callable[[], float] = time.time,
+        registry: Path | None = None,
+        job: str = "",
     ) -> None:
         self.path = record_path(directory, rank)
         self._clock = clock
@@ -172,6 +178,11 @@ class ProgressWriter:
         self._node = node.encode()[:64]
         with self._lock:
             self._write()
+        self._entry = (
+            None
+            if registry is None
+            else register(registry, self.path, node=node, job=job, pid=self._fields.pid)
+        )
 
     # --- what the loop reports -----------------------------------------------------------------
 
@@ -261,6 +272,9 @@ class ProgressWriter:
         with self._lock:
             if not self._map.closed:
                 self._map.close()
+        if self._entry is not None:
+            self._entry.unlink(missing_ok=True)
+            self._entry = None
 
     def _write(self) -> None:
         """Publish the fields (the caller holds the lock): seq odd, the record, seq even.

@@ -69,7 +69,7 @@ def start_agents(
         kmsg_file(state_dir, node).touch()
         argv = [
             sys.executable, "-m", "agents", "run", "--node", node, "--coordinator", url,
-            "--token-file", str(state_dir / TOKENS_FILE), "--sources", "kmsg,inject",
+            "--token-file", str(state_dir / TOKENS_FILE), "--sources", "kmsg,inject,progress",
             "--spool", str(d / "spool"), "--kmsg-file", str(kmsg_file(state_dir, node)),
             "--simulated-gpus", "8", "--heartbeat", "2",
         ]  # fmt: skip

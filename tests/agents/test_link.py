@@ -39,7 +39,7 @@ def test_a_tokens_file_without_the_node_names_the_nodes_it_has(tmp_path: Path) -
 
 def test_unknown_source_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
     (tmp_path / "t").write_text(TOKENS)
-    known = r"Unknown source 'gpu'\. Known: inject, journald, kmsg, nvml, tpu"
+    known = r"Unknown source 'gpu'\. Known: inject, journald, kmsg, nvml, progress, tpu"
     with pytest.raises(UsageError, match=known):
         agent_config(
             node="n1", coordinator="http://x", token_file=tmp_path / "t", sources="kmsg,gpu",

@@ -26,7 +26,7 @@ EXPECTED: dict[str, Verdict] = {
     "xid143": D, "xid144": IG, "xid145": IG, "xid146": IG, "xid147": IG, "xid148": IG, "xid149": IG,
     "xid150": IG, "xid154": IG, "gpu-lost": X, "ecc-uncorrected": D, "row-remap-failure": X,
     "tpu-runtime-error": R, "tpu-runtime-gone": R, "node-unreachable": X, "heartbeat-lost": IG,
-    "gpu-reset-required": D,
+    "gpu-reset-required": D, "rank-hang": R, "rank-frozen": R, "job-hang": R,
 }  # fmt: skip
 # NVSwitch SXids the Fabric Manager guide calls potentially fatal (reset GPUs and switches)
 # and always fatal (restart the host); both as reported Fatal.
@@ -38,7 +38,7 @@ SXID_RESET = [
 ]  # fmt: skip
 SXID_HOST = [12020, 22003, 22011, *range(23001, 23018)]
 EXPECTED |= {f"sxid{n}": D for n in SXID_RESET} | {f"sxid{n}": X for n in SXID_HOST}
-JOB_FAULTS = {"xid13", "xid31", "xid43", "xid45"}
+JOB_FAULTS = {"xid13", "xid31", "xid43", "xid45", "job-hang"}
 
 # Action kinds per fault class on a healthy node, in order.
 PLANS = {
@@ -47,6 +47,8 @@ PLANS = {
     D: [Drain, SaveThenRequeue, PromoteSpare],
     X: [TakeDown, PromoteSpare],
 }
+#: A hung job cannot save on the way out, but nothing killed it: the requeue does.
+HANGS = {"rank-hang", "rank-frozen", "job-hang"}
 NO_SAVE = {"xid79", "gpu-lost", "node-unreachable", "gpu-reset-required"} | {
     f for f in EXPECTED if f.startswith("sxid")
 }
@@ -54,7 +56,7 @@ NO_SAVE = {"xid79", "gpu-lost", "node-unreachable", "gpu-reset-required"} | {
 
 def test_catalogue_lists_exactly_the_expected_faults(catalogue: Catalogue) -> None:
     assert sorted(catalogue.known()) == sorted(EXPECTED)
-    assert catalogue.version == "2026.12.2"
+    assert catalogue.version == "2026.12.3"
     assert {c for c in catalogue.known() if catalogue.spec(c).job_fault} == JOB_FAULTS
 
 
@@ -67,7 +69,7 @@ def test_every_entry_has_its_verdict_and_plan(
     assert spec.severity in set(Severity)
     assert spec.says
     assert "\n" not in spec.says
-    assert spec.can_save is (fault not in NO_SAVE)
+    assert spec.can_save is (fault not in NO_SAVE | HANGS)
     # DESIGN.md: XID 94 kills its one context, XID 95 every context on the GPU.
     assert spec.kills_work is (fault in NO_SAVE or fault in ("xid94", "xid95"))
     d = run.send(fault)

@@ -1,0 +1,204 @@
+"""The ``progress`` source: training jobs on this node that stopped making progress.
+
+Every second the source reads the registry (:mod:`recovery.progress.registry`) for the
+processes on this node that report progress, then each of their jobs' progress directories,
+where every process of the job writes its record, those on other nodes too. A
+:class:`~recovery.progress.StallWatch` per job learns its time per step and judges it; the
+source lives in the agent, not in the job, so a process whose main thread is stuck, or that
+is stopped whole, is judged all the same.
+
+When a job is stalled the source writes the stacks of its processes on this node beside the
+records (``<progress dir>/stacks/rank<r>.txt``, for whoever looks into the incident), and
+reports at most one event per stall:
+
+* ``rank-frozen`` / ``rank-hang``: the process that holds the others up runs here
+  (attributed: frozen whole, or behind the others, or over its phase's budget); the message
+  names the job, the rank, why, and where its main thread is;
+* ``job-hang``: nobody can be named; reported by the agent of the job's lowest rank only, so
+  that one event says it.
+
+Nothing is reported for a process that is gone (its death is reported otherwise: its peers
+stop, Slurm ends the step) nor for a job whose processes all ended cleanly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agents.stacks import capture
+from recovery.model import HealthEvent, Source
+from recovery.ports.clock import Clock
+from recovery.proc import alive
+from recovery.progress import Budgets, Record, StallWatch, Verdict, read_records
+from recovery.progress.registry import Entry, entries
+
+Log = Callable[[str], None]
+INTERVAL_S = 1.0
+#: The message's room for the culprit's stack (the event's message holds 2048 characters).
+STACK_CHARS = 1200
+
+
+@dataclass
+class _Job:
+    key: tuple[tuple[int, int], ...]
+    """(rank, pid) of the records the watch was built on: a relaunch starts a new watch."""
+    watch: StallWatch
+    reported: bool = False
+
+
+class ProgressSource:
+    """See the module docstring. ``stacks(pid)`` reads a process's stacks (injected in tests)."""
+
+    def __init__(
+        self,
+        node: str,
+        clock: Clock,
+        registry: Path,
+        *,
+        budgets: Budgets | None = None,
+        stacks: Callable[[int], str] = capture,
+        log: Log = print,
+        agent_version: str = "",
+    ) -> None:
+        self.node = node
+        self.clock = clock
+        self.registry = registry
+        self.budgets = budgets or Budgets()
+        self._stacks = stacks
+        self._log = log
+        self._version = agent_version
+        self._jobs: dict[Path, _Job] = {}
+
+    def run(
+        self,
+        emit: Callable[[HealthEvent], None],
+        stop: threading.Event,
+        interval_s: float = INTERVAL_S,
+    ) -> None:
+        while not stop.wait(interval_s):
+            for event in self.tick():
+                emit(event)
+
+    def tick(self) -> list[HealthEvent]:
+        """One look at every job with a live process here; the events to report."""
+        local: dict[Path, list[Entry]] = {}
+        for entry in entries(self.registry):
+            if entry.node != self.node:
+                continue
+            if not alive(entry.pid):
+                entry.path.unlink(missing_ok=True)  # ended without saying so (killed)
+                continue
+            local.setdefault(entry.record.parent, []).append(entry)
+        for gone in set(self._jobs) - set(local):
+            del self._jobs[gone]
+        out = []
+        for directory, mine in local.items():
+            event = self._look(directory, mine)
+            if event is not None:
+                out.append(event)
+        return out
+
+    def _look(self, directory: Path, mine: list[Entry]) -> HealthEvent | None:
+        records = _current(read_records(directory))
+        pids = {e.pid for e in mine}
+        here = {r: rec for r, rec in records.items() if rec.pid in pids}
+        if not here:
+            return None
+        key = tuple(sorted((r, rec.pid) for r, rec in records.items()))
+        job = self._jobs.get(directory)
+        if job is None or job.key != key:
+            job = self._jobs[directory] = _Job(key, StallWatch(self.budgets))
+        now = self.clock.now().wall
+        verdict = job.watch.observe(records, now)
+        if not verdict.stalled:
+            job.reported = False
+            return None
+        if job.reported:
+            return None
+        job.reported = True
+        stacks = {r: self._dump(directory, rec) for r, rec in here.items()}
+        return self._event(directory, mine[0].job, verdict, records, here, stacks, now)
+
+    def _dump(self, directory: Path, rec: Record) -> str:
+        text = self._stacks(rec.pid)
+        path = directory / "stacks" / f"rank{rec.rank}.txt"
+        try:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(
+                f"rank {rec.rank} pid {rec.pid} on {rec.node}, step {rec.step_finished}, "
+                f"phase {rec.phase.name}, at {self.clock.now().wall:.3f}\n{text}\n"
+            )
+        except OSError as e:
+            self._log(f"agent {self.node}: cannot keep the stacks in {path}: {e}")
+        return text
+
+    def _event(
+        self,
+        directory: Path,
+        slurm_job: str,
+        verdict: Verdict,
+        records: dict[int, Record],
+        here: dict[int, Record],
+        stacks: dict[int, str],
+        now: float,
+    ) -> HealthEvent | None:
+        job = f"job {slurm_job}" if slurm_job else f"the job in {directory}"
+        culprits = [c for c in verdict.culprits if c.node == self.node and c.rank in here]
+        if verdict.confident and culprits:
+            c = culprits[0]
+            fault = "rank-frozen" if c.why.startswith("frozen") else "rank-hang"
+            stack = _main_stack(stacks.get(c.rank, ""))
+            message = (
+                f"{job}: rank {c.rank} (pid {c.pid}) {c.why}; no step for {verdict.idle_s:.1f} s "
+                f"(budget {verdict.budget_s:g} s) at step {verdict.step}. Stacks of its "
+                f"processes here: {directory / 'stacks'}. Main thread: {stack}"
+            )
+        elif not verdict.confident and min(records) in here:
+            fault = "job-hang"
+            message = (
+                f"{job}: no step for {verdict.idle_s:.1f} s (budget {verdict.budget_s:g} s) at "
+                f"step {verdict.step}; {verdict.why}. Stacks: {directory / 'stacks'}"
+            )
+        else:
+            return None  # the culprit's own agent (or the lowest rank's) reports it
+        digest = hashlib.sha256(
+            f"{directory}|{sorted(r.pid for r in records.values())}|{verdict.step}".encode()
+        ).hexdigest()[:16]
+        self._log(f"agent {self.node}: {fault}: {message[:300]}")
+        return HealthEvent(
+            id=f"{self.node}-progress-{digest}",
+            node=self.node,
+            source=Source.progress,
+            fault=fault,
+            observed_at=now,
+            message=message[:2048],
+            agent_version=self._version,
+        )
+
+
+def _current(records: dict[int, Record]) -> dict[int, Record]:
+    """The records of the job's present launch: the size most of them give (a launch with
+    fewer processes leaves the higher ranks' files behind), ranks below it."""
+    if not records:
+        return records
+    sizes = [rec.size for rec in records.values()]
+    size = max(set(sizes), key=lambda s: (sizes.count(s), s))
+    return {r: rec for r, rec in records.items() if rec.size == size and r < size}
+
+
+def _main_stack(text: str) -> str:
+    """The main thread's frames from a py-spy dump (all of it when it is not one)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if "MainThread" in line), None)
+    if start is None:
+        return " | ".join(lines)[:STACK_CHARS]
+    frames = []
+    for line in lines[start + 1 :]:
+        if line.startswith("Thread "):
+            break
+        frames.append(line.strip())
+    return " <- ".join(frames)[:STACK_CHARS] or "(no frames)"

@@ -1,0 +1,171 @@
+"""The agent's ``progress`` source against real training-like processes on two simulated
+nodes (one registry, as on the local cluster where the nodes share a machine): a process
+whose main thread blocks in a system call, and one stopped whole, are reported once, by the
+agent of their own node, as ``rank-hang`` and ``rank-frozen``, with their stacks kept; a
+healthy job, a job that ended, and a dead process are not reported at all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agents.progress import ProgressSource
+from recovery.model import HealthEvent, Source
+from recovery.ports.clock import SystemClock
+from recovery.progress import Budgets
+from recovery.progress.registry import entries
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+WORKER = r"""
+import os, sys, time
+from pathlib import Path
+from recovery.progress import ProgressWriter, read_record, record_path
+
+directory, block, registry = Path(sys.argv[1]), Path(sys.argv[3]), Path(sys.argv[4])
+rank, steps = int(sys.argv[2]), int(sys.argv[5])
+w = ProgressWriter(
+    directory, rank=rank, size=2, node=f"node{rank + 1}", registry=registry, job="77"
+)
+w.start_alive(every_s=0.2)
+step = 0
+def wait_for_data():
+    r, _ = os.pipe()
+    os.read(r, 1)
+while step < steps:
+    if rank == 1 and block.exists():
+        wait_for_data()  # the main thread blocks in a system call; the liveness thread runs on
+    w.step_started(step + 1)
+    if rank == 0:  # a collective: wait until process 1 entered the same step
+        peer = record_path(directory, 1)
+        while not peer.exists() or read_record(peer).step_started < step + 1:
+            time.sleep(0.005)
+    time.sleep(0.1)
+    step += 1
+    w.step_finished(step)
+w.close()
+"""
+
+# Generous against a loaded machine: a healthy step held off the CPU is no hang.
+BUDGETS = Budgets(floor_s=4.0, factor=5, learn_after=3, frozen_after_s=4.0)
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, steps: int = 10_000) -> None:
+        self.tmp = tmp_path
+        self.progress = tmp_path / "run" / "progress"
+        self.registry = tmp_path / "registry"
+        self.block = tmp_path / "block"
+        script = tmp_path / "worker.py"
+        script.write_text(WORKER)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        args = [str(self.block), str(self.registry), str(steps)]
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(self.progress), str(r), *args], env=env
+            )
+            for r in (0, 1)
+        ]
+        self.stacks: list[int] = []
+
+        def fake_stacks(pid: int) -> str:
+            self.stacks.append(pid)
+            return f'Thread {pid} (idle): "MainThread"\n    wait_for_data (worker.py:11)\n'
+
+        self.sources = {
+            node: ProgressSource(node, SystemClock(), self.registry, budgets=BUDGETS,
+                                 stacks=fake_stacks, log=lambda _: None)
+            for node in ("node1", "node2")
+        }  # fmt: skip
+
+    def tick(self) -> list[HealthEvent]:
+        return [e for s in self.sources.values() for e in s.tick()]
+
+    def until(self, what: str, done, timeout: float = 30.0) -> list[HealthEvent]:  # type: ignore[no-untyped-def]
+        """Tick both agents every 0.2 s until ``done(events so far)``; the events."""
+        seen: list[HealthEvent] = []
+        deadline = time.monotonic() + timeout
+        while not done(seen):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not within {timeout} s; events {seen}")
+            seen += self.tick()
+            time.sleep(0.2)
+        return seen
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                os.kill(p.pid, signal.SIGCONT)
+            p.wait(10)
+
+
+@pytest.fixture
+def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
+    r = Rig(tmp_path)
+    yield r
+    r.close()
+
+
+def healthy(rig: Rig, for_s: float = 3.0) -> None:
+    """Both processes registered and stepping; the agents learn the job and say nothing."""
+    rig.until("both registered", lambda _: len(entries(rig.registry)) == 2)
+    start = time.monotonic()
+    events = rig.until("a healthy while", lambda _: time.monotonic() - start > for_s)
+    assert events == []
+
+
+@pytest.mark.parametrize("hang", ["syscall", "sigstop"])
+def test_the_culprits_own_agent_reports_it_once(rig: Rig, hang: str) -> None:
+    healthy(rig)
+    if hang == "syscall":
+        rig.block.touch()
+    else:
+        os.kill(rig.procs[1].pid, signal.SIGSTOP)
+    (event,) = rig.until("a report", lambda seen: bool(seen))
+    assert (event.node, event.source) == ("node2", Source.progress)
+    assert event.fault == ("rank-hang" if hang == "syscall" else "rank-frozen")
+    assert f"job 77: rank 1 (pid {rig.procs[1].pid})" in event.message
+    assert "wait_for_data (worker.py:11)" in event.message
+    assert event.id.startswith("node2-progress-")
+    # The stacks of each agent's own processes are kept beside the records.
+    assert sorted(rig.stacks) == sorted(p.pid for p in rig.procs)
+    kept = (rig.progress / "stacks" / "rank1.txt").read_text()
+    assert kept.startswith(f"rank 1 pid {rig.procs[1].pid} on node2")
+    # Once per stall: more looks report nothing more.
+    start = time.monotonic()
+    assert rig.until("quiet", lambda _: time.monotonic() - start > 2) == []
+
+
+def test_a_job_that_ends_is_not_reported(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, steps=30)
+    try:
+        healthy(rig, for_s=1.0)
+        for p in rig.procs:
+            assert p.wait(60) == 0
+        # Ended cleanly: their entries are gone, and nothing is judged.
+        assert entries(rig.registry) == []
+        start = time.monotonic()
+        assert rig.until("after the end", lambda _: time.monotonic() - start > 6) == []
+    finally:
+        rig.close()
+
+
+def test_a_dead_process_is_not_taken_for_a_hung_one(rig: Rig) -> None:
+    """Killed (its death is reported otherwise): its record stops as a frozen one's would,
+    but its agent finds the process gone, drops its entry and blames nobody; the peer's
+    agent does not blame another node's process."""
+    healthy(rig, for_s=1.0)
+    rig.procs[1].kill()
+    rig.procs[1].wait()
+    start = time.monotonic()
+    assert rig.until("after a death", lambda _: time.monotonic() - start > 7) == []
+    assert [e.node for e in entries(rig.registry)] == ["node1"]  # its entry removed
