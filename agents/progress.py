@@ -154,13 +154,13 @@ class ProgressSource:
             stack = _main_stack(stacks.get(c.rank, ""))
             message = (
                 f"{job}: rank {c.rank} (pid {c.pid}) {c.why}; no step for {verdict.idle_s:.1f} s "
-                f"(budget {verdict.budget_s:g} s) at step {verdict.step}. Stacks of its "
+                f"(budget {verdict.budget_s:.1f} s) at step {verdict.step}. Stacks of its "
                 f"processes here: {directory / 'stacks'}. Main thread: {stack}"
             )
         elif not verdict.confident and min(records) in here:
             fault = "job-hang"
             message = (
-                f"{job}: no step for {verdict.idle_s:.1f} s (budget {verdict.budget_s:g} s) at "
+                f"{job}: no step for {verdict.idle_s:.1f} s (budget {verdict.budget_s:.1f} s) at "
                 f"step {verdict.step}; {verdict.why}. Stacks: {directory / 'stacks'}"
             )
         else:

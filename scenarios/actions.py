@@ -9,7 +9,9 @@ checkpoint file damaged, the coordinator killed.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -102,6 +104,8 @@ def carry_out(
         return _crash_slurmd(rig, _targets(entry, watch, fault_node)[0], say)
     if entry.fault == "node-hang":
         return _hang_node(rig, _targets(entry, watch, fault_node)[0], say)
+    if entry.fault in ("main-thread-hang", "process-freeze"):
+        return _hang_training(entry, rig, watch, _targets(entry, watch, fault_node)[0], say)
     if crash is None:
         crash = crash_first(entry, rig, watch, fault_node, say)
     nodes = crash.nodes if crash is not None else _targets(entry, watch, fault_node)
@@ -264,6 +268,72 @@ def _power_cycle_when_out(rig: Rig, node: str, also: list[int], say: Say) -> Non
         say(f"power cycle of {node} not done: {e}")
         return
     say(f"{node} power-cycled: its {len(killed)} hung process(es) are gone")
+
+
+#: Seconds gdb may take to attach and start the call that blocks the main thread.
+GDB_ATTACH_S = 30.0
+
+
+def _hang_training(entry: Entry, rig: Rig, watch: Watcher, node: str, say: Say) -> Done:
+    """A training process that stops making progress without exiting (DESIGN.md): its main
+    thread blocked in a system call while its other threads live (``main-thread-hang``), or
+    the whole process stopped (``process-freeze``). Nothing exits and no socket closes: the
+    job's other processes wait in their collective; only the job's own progress tells."""
+    rig.need_local(str(entry.fault))
+    pid = watch.training_pid_on(node)
+    if pid is None:
+        raise UsageError(f"{entry.label}: no training process runs on {node}")
+    at = time.time()
+    if entry.fault == "process-freeze":
+        os.kill(pid, signal.SIGSTOP)
+        say(f"training process {pid} on {node} frozen (SIGSTOP)")
+        via = "sigstop"
+    else:
+        _block_main_thread(pid)
+        say(f"training process {pid} on {node}: main thread blocked in sleep(600) by gdb")
+        via = "gdb"
+    return Done(
+        faults=[{"fault": entry.fault, "node": node, "via": via, "at": at, "pid": pid}],
+        node=node,
+        notes=[f"{entry.fault}: training process {pid} on {node} ({via})"],
+    )
+
+
+def _block_main_thread(pid: int) -> None:
+    """``gdb -p PID -batch -ex "call (int)sleep(600)"``, left running until the main thread
+    is in the call, then ended: the call goes on without it (REFERENCE.md)."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        raise UsageError("main-thread-hang needs gdb (apt-get install -y gdb)")
+    proc = subprocess.Popen(
+        [gdb, "-p", str(pid), "-batch", "-ex", "call (int)sleep(600)"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + GDB_ATTACH_S
+    try:
+        while not _sleeping(pid):
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                raise RecoverError(f"gdb could not block process {pid}: {err.strip()[-500:]}")
+            if time.monotonic() > deadline:
+                raise RecoverError(f"gdb did not block process {pid} within {GDB_ATTACH_S:g} s")
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
+
+def _sleeping(pid: int) -> bool:
+    """The main thread waits in libc's sleep(): clock_nanosleep (x86-64 syscall 230) on
+    CLOCK_REALTIME, relative (Python's own time.sleep uses CLOCK_MONOTONIC, absolute)."""
+    try:
+        call = Path(f"/proc/{pid}/task/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return call[:3] == ["230", "0x0", "0x0"] or call[:1] == ["35"]
 
 
 def _damage_checkpoint(entry: Entry, run_dir: Path, say: Say) -> Done:

@@ -142,6 +142,13 @@ def check(expect: Expectations, out: Outcome, *, enforce_budgets: bool = True) -
         want_v = [str(v) for v in expect.verdicts]
         add("verdicts", got_v == want_v,
             f"verdicts {', '.join(got_v) or 'none'}; expected {', '.join(want_v)}")  # fmt: skip
+    for key, attr in (("incident_faults", "fault"), ("incident_nodes", "node")):
+        wanted = getattr(expect, key)
+        if wanted is not None:
+            got_f = [str(i.get(attr)) for i in out.incidents]
+            add(key, got_f == list(wanted),
+                f"incident {attr}s {', '.join(got_f) or 'none'}; expected "
+                f"{', '.join(wanted) or 'none'}")  # fmt: skip
     for name in expect.incident_phases or ():
         checks.append(_phase_seen(name, out.incidents))
     if expect.held is not None:

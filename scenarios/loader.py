@@ -111,7 +111,10 @@ def semantic_problems(s: Scenario) -> list[tuple[Loc, str]]:
                 problems.append((("cluster", key), "describes the local cluster; "
                                  "remove it (or existing) to choose one"))  # fmt: skip
         for i, e in enumerate(s.faults):
-            if e.fault in ("slurmd-crash", "node-hang", "coordinator-kill"):
+            if e.fault in (
+                "slurmd-crash", "node-hang", "coordinator-kill", "main-thread-hang",
+                "process-freeze",
+            ):  # fmt: skip
                 problems.append((("faults", i, "fault"), f"{e.fault} needs the local cluster"))
             if e.crash_training:
                 problems.append((("faults", i, "crash_training"), "needs the local cluster"))

@@ -71,7 +71,12 @@ Top level
     - ``checkpoint-corrupt``: flip one byte of the largest data file of the job's newest
       checkpoint; ``checkpoint-truncate``: cut that file to half its size;
     - ``coordinator-kill``: SIGKILL the coordinator and (``restart``, default true) start it
-      again on the same address.
+      again on the same address;
+    - ``main-thread-hang``: the training process on the node has its main thread blocked in
+      a system call (``gdb -p PID -batch -ex "call (int)sleep(600)"``: a stuck filesystem, a
+      data loader), its other threads, sockets and heartbeats alive; nothing exits;
+    - ``process-freeze``: SIGSTOP the training process on the node (frozen whole, as by the
+      freezer cgroup or a stuck driver call); nothing exits, no socket closes.
 
     ``operator``: ``repaired`` (``recover node repaired NODE``) or ``breaker-reset``
     (``recover breaker reset``); ``expect: accepted|refused`` says how it must be answered.
@@ -152,6 +157,9 @@ SPECIAL_FAULTS: dict[str, str] = {
     "checkpoint-corrupt": "flip one byte in the newest checkpoint's largest data file",
     "checkpoint-truncate": "cut the newest checkpoint's largest data file to half",
     "coordinator-kill": "SIGKILL the coordinator, then start it again on the same address",
+    "main-thread-hang": "block the training process's main thread in sleep(600) with gdb; "
+    "its other threads run on",
+    "process-freeze": "SIGSTOP the training process on the node (frozen whole)",
 }
 JOB_NODE = "job-node"
 FAULT_NODE = "fault-node"
@@ -471,6 +479,10 @@ class Expectations(_Strict):
     min_fallbacks: Annotated[int, Field(ge=0)] | None = None
     incidents: Annotated[int, Field(ge=0)] | None = None
     verdicts: list[Verdict] | None = None
+    incident_faults: list[str] | None = None
+    """The fault of each incident, oldest first (``rank-hang``, ``xid79``, ...)."""
+    incident_nodes: list[str] | None = None
+    """The node of each incident, oldest first: the culprit named."""
     incident_phases: list[Annotated[str, AfterValidator(_journal_phase)]] | None = None
     held: Annotated[int, Field(ge=0)] | None = None
     max_requeues: Annotated[int, Field(ge=0)] | None = None

@@ -21,6 +21,8 @@ need_apt=()
 command -v slurmctld >/dev/null || need_apt+=(slurm-wlm)
 command -v munged >/dev/null || need_apt+=(munge)
 command -v slurmrestd >/dev/null || need_apt+=(slurmrestd slurm-wlm-jwt-plugin)  # REST backend
+# The hang scenarios block a training process's main thread with gdb (REFERENCE.md).
+command -v gdb >/dev/null || need_apt+=(gdb)
 # Debian's own python3 creates venvs only with python3-venv installed.
 python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 # --- Kubernetes tier: what scripts/build-kube.sh needs to build kube-apiserver and kubectl

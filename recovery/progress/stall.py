@@ -4,7 +4,8 @@ cadence and answers with a :class:`Verdict`.
 
 The rule: a job is *stalled* when every process that has not ended is past its deadline. A
 process in the step loop has ``max(floor, factor x p99 of the job's recent time per step)``
-from its last finished step (or from entering the loop); one in an announced phase (start-up,
+from its last finished step (before its first, the start-up budget: the first step of a
+loop that compiles lazily compiles); one in an announced phase (start-up,
 restore, save, evaluation, data) has that phase's budget from entering it; a paused one has no
 deadline. So a long save or evaluation on one process holds off a verdict for the others that
 wait for it, and a job that reports nothing is never judged.
@@ -148,6 +149,10 @@ class StallWatch:
         return Verdict("stalled", why, idle, budget, step, tuple(culprits), confident)
 
     def _deadline(self, rec: Record, budget: float) -> float:
+        if rec.phase is Phase.steps and rec.step_finished < 0:
+            # No step finished yet in this process: the first one compiles (a loop that
+            # compiles lazily); it has the start-up budget.
+            return rec.phase_since + self.budgets.phases_s.get(Phase.startup, budget)
         if rec.phase is Phase.steps:
             return max(rec.step_finished_at, rec.phase_since) + budget
         return rec.phase_since + self.budgets.phase_s(rec)

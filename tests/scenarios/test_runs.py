@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slurm
 #: On Slurm 22.05, in the whole tier besides `recover demo` (xid79: a fault the agent reads
 #: in the kernel log, the node replaced, in-allocation too): the fallback past a corrupt
 #: checkpoint and a node that goes silent (slurmd killed). On 25.11 the whole tier runs
-#: checkpoint-truncate and xid94 (below); in-allocation, slurmd-crash. The
+#: checkpoint-truncate, xid94 and main-thread-hang (below); in-allocation, slurmd-crash. The
 #: other shipped scenarios (the same paths, other sources and policies, each also covered by
 #: the engine's tests against the fake Slurm) are in the soak tier.
 WHOLE_TIER = ("checkpoint-corrupt", "slurmd-crash")
@@ -54,7 +54,7 @@ def _matrix() -> list[Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["checkpoint-truncate", "xid94"])
+@pytest.mark.parametrize("name", ["checkpoint-truncate", "xid94", "main-thread-hang"])
 def test_a_shipped_scenario_passes_on_slurm_2511(
     name: str, control_cache: Path, tmp_path: Path
 ) -> None:
@@ -163,7 +163,8 @@ def test_shipped_scenario_passes(name: str, control_cache: Path, tmp_path: Path)
     assert (result["scenario"], result["passed"], result["out"]) == (name, True, str(out))
     unchecked = [c for c in result["checks"] if c["ok"] is None]
     assert all(c["name"].startswith("phases.") for c in unchecked), unchecked
-    progress = ("injected", "SIGKILLed", "hangs:")  # a fault, a crashed node, a hung one
+    # a fault, a crashed node, a hung one, a hung or frozen training process
+    progress = ("injected", "SIGKILLed", "hangs:", "main thread blocked", "frozen (SIGSTOP)")
     assert any(p in done.stderr for p in progress), done.stderr  # progress went to stderr
     assert "4 node(s), 4 process(es)" in done.stderr  # every shipped scenario: K=4
     _check_run_dir(out, name)

@@ -152,6 +152,19 @@ def test_announced_phases_get_their_own_budget(tmp_path: Path, phase: str, long_
     assert watch.step_budget_s() == pytest.approx(5.0)  # the phase did not teach it anything
 
 
+def test_a_slow_first_step_has_the_start_up_budget(tmp_path: Path) -> None:
+    """A loop that compiles in its first step (no warm-up of its own): ten minutes in step 1
+    is no hang; the start-up budget (900 s) still ends it."""
+    job, watch = Job(tmp_path), StallWatch()
+    for w in job.w:
+        w.step_started(1)
+    for _ in range(120):
+        job.tick(5.0)
+        assert watch.observe(job.records(), job.t).state == "running"
+    job.tick(301)
+    assert watch.observe(job.records(), job.t).stalled
+
+
 def test_phase_over_its_budget_names_the_process_in_it(tmp_path: Path) -> None:
     job, watch = trained(tmp_path)
     job.w[1].enter("save", budget_s=30)
