@@ -301,12 +301,17 @@ def _hang_training(entry: Entry, rig: Rig, watch: Watcher, node: str, say: Say) 
 
 def _block_main_thread(pid: int) -> None:
     """``gdb -p PID -batch -ex "call (int)sleep(600)"``, left running until the main thread
-    is in the call, then ended: the call goes on without it (REFERENCE.md)."""
+    is in the call, then ended: the call goes on without it (REFERENCE.md). The process is
+    stopped only while gdb attaches (a fraction of a second: only libc's symbols are read)."""
     gdb = shutil.which("gdb")
     if gdb is None:
         raise UsageError("main-thread-hang needs gdb (apt-get install -y gdb)")
+    # Only libc's symbols (sleep's): a full attach reads every library's (JAX's are large) with
+    # the whole process stopped, for seconds under load - a freeze, not the hang wanted here.
+    quick = ["-nx", "-iex", "set auto-load off", "-iex", "set auto-solib-add off",
+             "-ex", "sharedlibrary libc"]  # fmt: skip
     proc = subprocess.Popen(
-        [gdb, "-p", str(pid), "-batch", "-ex", "call (int)sleep(600)"],
+        [gdb, "-p", str(pid), "-batch", *quick, "-ex", "call (int)sleep(600)"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + GDB_ATTACH_S

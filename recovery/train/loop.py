@@ -92,14 +92,7 @@ def run_training(
         preemption.installed() if handle_signals else nullcontext(preemption)
     )
     with signals:  # first: a signal during the (long) start-up still asks for a save
-        progress = open_progress(opts.run_dir, environ=environ)  # in its start-up phase
-        ended = False
-        try:
-            outcome = _run(opts, topology, preemption, environ, clock, log, progress)
-            ended = True
-            return outcome
-        finally:
-            progress.close(done=ended)
+        return _run(opts, topology, preemption, environ, clock, log)
 
 
 def _run(
@@ -109,7 +102,6 @@ def _run(
     environ: Mapping[str, str],
     clock: Callable[[], float],
     log: Log,
-    progress: ProgressWriter,
 ) -> TrainOutcome:
     from recovery.train import model as M
 
@@ -122,8 +114,36 @@ def _run(
             f"model {opts.model}'s batch of {spec.batch_size} does not divide over "
             f"{topology.size} processes; models whose batch does: {', '.join(fits) or 'none'}"
         )
-    if topology.multi:
-        return _run_multi(opts, topology, spec, config, preemption, environ, clock, log, progress)
+    # Nothing is written before the options are known good; then the progress record, in its
+    # start-up phase, for the node's agent to watch.
+    progress = open_progress(opts.run_dir, environ=environ)
+    ended = False
+    try:
+        if topology.multi:
+            outcome = _run_multi(
+                opts, topology, spec, config, preemption, environ, clock, log, progress
+            )
+        else:
+            outcome = _run_single(opts, spec, config, preemption, environ, clock, log, progress)
+        ended = True
+        return outcome
+    finally:
+        progress.close(done=ended)
+
+
+def _run_single(
+    opts: TrainOptions,
+    spec: ModelSpec,
+    config: dict[str, Any],
+    preemption: Preemption,
+    environ: Mapping[str, str],
+    clock: Callable[[], float],
+    log: Log,
+    progress: ProgressWriter,
+) -> TrainOutcome:
+    """One process alone: the run lock, then :func:`_run_locked`."""
+    from recovery.train import model as M
+
     events = EventLog(events_file(opts.run_dir), context=slurm_context(environ), clock=clock)
     try:
         with _manager(opts, config, events, clock, log) as manager:
