@@ -18,7 +18,7 @@ import pytest
 from agents.progress import ProgressSource
 from recovery.model import HealthEvent, Source
 from recovery.ports.clock import SystemClock
-from recovery.progress import Budgets
+from recovery.progress import Budgets, read_records
 from recovery.progress.registry import entries
 
 pytestmark = pytest.mark.slow
@@ -169,3 +169,96 @@ def test_a_dead_process_is_not_taken_for_a_hung_one(rig: Rig) -> None:
     start = time.monotonic()
     assert rig.until("after a death", lambda _: time.monotonic() - start > 7) == []
     assert [e.node for e in entries(rig.registry)] == ["node1"]  # its entry removed
+
+
+GUARDED = r"""
+import os, sys, time
+from pathlib import Path
+from recovery.progress import ProgressWriter, read_record, record_path
+
+directory, registry, rank = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+long_s = float(sys.argv[4])
+w = ProgressWriter(
+    directory, rank=rank, size=2, node=f"node{rank + 1}", registry=registry, job="78"
+)
+w.start_alive(every_s=0.2)
+other = record_path(directory, 1 - rank)
+
+def meet(step):  # a collective: both processes entered the step
+    w.step_started(step)
+    while not other.exists() or read_record(other).step_started < step:
+        time.sleep(0.005)
+
+def step(n):
+    meet(n)
+    time.sleep(0.05)
+    w.step_finished(n)
+
+meet(1)
+time.sleep(long_s)          # the first step compiles (a loop without a warm-up of its own)
+w.step_finished(1)
+for n in range(2, 40):
+    step(n)
+with w.phase("save"):       # a save the loop waits for, far slower than a step
+    time.sleep(long_s)
+for n in range(40, 60):
+    step(n)
+if rank == 0:               # only the lead evaluates; the other waits for it in the loop
+    with w.phase("evaluation"):
+        time.sleep(long_s)
+for n in range(60, 80):
+    step(n)
+with w.phase("paused"):     # idle between phases on purpose
+    time.sleep(long_s)
+for n in range(80, 100):
+    step(n)
+if rank == 1:               # then a real hang: the main thread blocks in a system call
+    r, _ = os.pipe()
+    os.read(r, 1)
+meet(100)
+"""
+
+
+def test_long_announced_phases_are_never_taken_for_a_hang(tmp_path: Path) -> None:
+    """The false-positive guards on real processes: a first step that compiles, a save, an
+    evaluation on one process while the other waits for it, and a pause, each lasting several
+    times the job's learned step budget (1 s here): no report. Then process 1 really hangs,
+    and the same agents report it: the quiet was not deafness."""
+    script = tmp_path / "guarded.py"
+    script.write_text(GUARDED)
+    registry, progress = tmp_path / "registry", tmp_path / "run" / "progress"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    long_s = 6.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(progress), str(registry), str(r), str(long_s)],
+            env=env,
+        )
+        for r in (0, 1)
+    ]
+    budgets = Budgets(floor_s=1.0, factor=5, learn_after=3, frozen_after_s=4.0)
+    sources = [
+        ProgressSource(n, SystemClock(), registry, budgets=budgets, stacks=lambda pid: "",
+                       log=lambda _: None)
+        for n in ("node1", "node2")
+    ]  # fmt: skip
+    try:
+        events: list[HealthEvent] = []
+        deadline = time.monotonic() + 180
+        while not events:
+            assert time.monotonic() < deadline, "no report of the final hang"
+            assert [p.poll() for p in procs] == [None, None]
+            records = read_records(progress)
+            reached = min((r.step_finished for r in records.values()), default=-1)
+            events += [e for s in sources for e in s.tick()]
+            if events:  # the hang is the first report, once every phase is behind
+                assert reached >= 99, [e.message for e in events]
+            time.sleep(0.2)
+        (event,) = events
+        assert (event.node, event.fault) == ("node2", "rank-hang")
+        assert "did not enter step 100" in event.message
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
