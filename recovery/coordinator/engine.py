@@ -49,7 +49,7 @@ from recovery.model import (
     Source,
     TakeDown,
 )
-from recovery.model.events import REPAIRED
+from recovery.model.events import REPAIRED, RETURNED
 from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import ActionStatus, JobPath, Journal, Phase, PhaseName, StoredEvent
@@ -347,6 +347,11 @@ class Engine:
         decision = self._rules.decide(ev, self._seen.nodes, received.wall)
         self._journal.record_decision(decision, self._clock.now())
         self._rules.record(ev, decision, received.wall)
+        if ev.fault == RETURNED and decision.incident and not decision.opens:
+            now = self._clock.now()
+            self._journal.add_phase(
+                decision.incident, Phase(PhaseName.back_in_service, now, ev.message)
+            )
         if not (decision.opens and decision.incident):
             return decision
         inc = decision.incident

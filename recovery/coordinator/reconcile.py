@@ -5,6 +5,9 @@ the cluster, as an ordered list of named steps (:attr:`Reconciler.steps`).
   node that lost power) becomes a ``node-unreachable`` event - a failure no agent can report.
 * Waiting actions progress: saves (the jobs left, or the deadline passed), promotions (the
   policy chooses a spare again), Slinky take-outs (the slurm-operator drained the node).
+* A node we hold out that Slurm shows in service again without us (an operator resumed it, a
+  cluster started anew on this journal) is let go by its incident (``node-returned``):
+  Slurm's truth wins over the journal, and a new fault there is acted on.
 * Held actions too old to replay expire; silent agents make their nodes suspects; nodes we
   hold out are repair-checked; Kubernetes is kept in step (:mod:`recovery.coordinator.kube`).
 * Jobs of a node taken out that ended before Slurm could requeue them are requeued once, or
@@ -32,7 +35,7 @@ from recovery.coordinator.kube import KubeFollow, finished
 from recovery.coordinator.rules import Rules
 from recovery.errors import TransientError, UsageError
 from recovery.model import Drain, HealthEvent, PromoteSpare, SaveThenRequeue, Source, TakeDown
-from recovery.model.events import HEARTBEAT_LOST, UNREACHABLE
+from recovery.model.events import HEARTBEAT_LOST, RETURNED, UNREACHABLE
 from recovery.policy.requeue import lost_batch_host
 from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import Clock, Stamp
@@ -45,10 +48,14 @@ from recovery.ports.journal import (
     PhaseName,
 )
 from recovery.ports.nodes import KubeNode
-from recovery.ports.slurm import JobInfo, NodeInfo, SlurmControl, is_slurms_own
+from recovery.ports.slurm import JobInfo, NodeInfo, SlurmControl, describe_state, is_slurms_own
 
 #: Actions in these states still have work to do; an incident with any stays open.
 UNSETTLED = frozenset({ActionStatus.planned, ActionStatus.waiting, ActionStatus.held})
+#: Seconds a node the policy holds out must show in service, with no take-out of ours left to
+#: run, before it counts as returned without us (a snapshot read just before our own take-out
+#: landed shows it in service for one tick).
+BACK_AFTER_S = 5.0
 
 
 def unreachable_events(
@@ -249,6 +256,7 @@ class Reconciler:
         self._wake = wake
         self._repaired = repaired
         self._checked: dict[str, float] = {}
+        self._back_since: dict[str, float] = {}  # node -> when it was first seen back (mono)
         self.suspects: frozenset[str] = frozenset()
         """Nodes whose agent is silent, as of the last ``heartbeats`` step."""
         self.steps: tuple[ReconcileStep, ...] = (
@@ -256,6 +264,7 @@ class Reconciler:
             ("saves", self._saves),
             ("promotions", self._promotions),
             ("operator-take-outs", self._operator_take_outs),
+            ("back-in-service", self._back_in_service),
             ("held-expiry", self._held_expiry),
             ("heartbeats", self._watch_heartbeats),
             ("repair-checks", self._repair_checks),
@@ -325,6 +334,43 @@ class Reconciler:
             if isinstance(rec.action, TakeDown | Drain):
                 node = seen.by_name.get(rec.action.node)
                 self._kube.finish_operator_take_out(rec, node, self._slurm)
+
+    def _back_in_service(self, seen: Snapshot, now: Stamp) -> None:
+        """A node the policy holds out that Slurm shows in service, with no take-out of ours
+        still to run, for :data:`BACK_AFTER_S`: someone returned it without us (``scontrol
+        update state=resume`` after a quick reboot, a cluster started anew on this journal).
+        Slurm's truth wins over the journal: a ``node-returned`` event ends the incident's
+        hold, so a new fault there is acted on (and counted) instead of joining it."""
+        pending = {
+            rec.action.node
+            for rec in self._journal.pending_actions()
+            if isinstance(rec.action, TakeDown | Drain)
+        }
+        back = set()
+        for name in self._rules.out_nodes():
+            node = seen.by_name.get(name)
+            if node is None or not node.in_service or name in pending:
+                continue
+            back.add(name)
+            since = self._back_since.setdefault(name, now.mono)
+            if now.mono - since < BACK_AFTER_S:
+                continue
+            event = HealthEvent(
+                id=f"returned-{name}-{int(now.wall * 1000)}",
+                node=name,
+                source=Source.operator,
+                fault=RETURNED,
+                observed_at=now.wall,
+                message=(
+                    f"{name} is in service again ({describe_state(node)}) without recover "
+                    "returning it: resumed by someone, or the cluster started anew"
+                ),
+            )
+            self._journal.append_events([event], now)
+            self._log(f"reconcile: {event.message}")
+            back.discard(name)
+            self._wake()
+        self._back_since = {n: t for n, t in self._back_since.items() if n in back}
 
     def _held_expiry(self, seen: Snapshot, now: Stamp) -> None:
         expire_held(self._journal, self._rules.hold_max_age_s, now)

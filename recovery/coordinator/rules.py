@@ -9,10 +9,11 @@ exactly the state the coordinator had; breaker resets are applied at their recor
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from recovery.model import Decision, HealthEvent, PromoteSpare, Verdict
-from recovery.model.events import REPAIRED
+from recovery.model.events import REPAIRED, RETURNED
 from recovery.policy import (
     Catalogue,
     ClusterView,
@@ -68,6 +69,8 @@ class Rules:
         view = self.view(nodes)
         if event.fault == REPAIRED:
             return self._repair_decision(event, view, now)
+        if event.fault == RETURNED:
+            return self._returned_decision(event)
         state, config = self.state, self.config
         return decide(state, event, view, config, self.catalogue, now, taken=self._promised)
 
@@ -88,6 +91,11 @@ class Rules:
             self._promised.update(
                 a.spare for a in decision.actions if isinstance(a, PromoteSpare) and a.spare
             )
+        if event.fault == RETURNED:
+            ns = self.state.node(event.node)
+            if ns.out:  # its incident ends; its failures stay, for escalation and flapping
+                self.state = self.state.with_node(event.node, replace(ns, incident=None, out=False))
+            return
         if event.fault == REPAIRED:
             verdict = RepairVerdict(
                 node=event.node,
@@ -112,6 +120,28 @@ class Rules:
             incident=incident,
             opens=verdict.incident is None,
             why=verdict.why,
+            policy_version=self.version,
+        )
+
+    def _returned_decision(self, event: HealthEvent) -> Decision:
+        ns = self.state.node(event.node)
+        inc = ns.incident
+        why = (
+            f"{event.message}; incident {inc.id if inc else '?'} no longer holds {event.node} "
+            "out: a fault there is acted on again (its failures still count toward escalation "
+            "and flapping)"
+            if ns.out
+            else f"{event.message}; {event.node} was not held out by recover: nothing changes"
+        )
+        return Decision(
+            event_id=event.id,
+            node=event.node,
+            fault=event.fault,
+            verdict=Verdict.ignore,
+            actions=(),
+            incident=inc.id if inc is not None else incident_id(event.id),
+            opens=inc is None,
+            why=why,
             policy_version=self.version,
         )
 

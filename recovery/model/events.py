@@ -57,6 +57,10 @@ class DriverAction(StrEnum):
 
 #: The fault code of an operator's "this node is repaired" (source ``operator``).
 REPAIRED = "node-repaired"
+#: The fault code the coordinator gives a node it took out that Slurm shows in service again
+#: without us (an operator's ``scontrol update state=resume``, a cluster started anew): its
+#: incident no longer holds the node out; its failures still count.
+RETURNED = "node-returned"
 #: The fault code the coordinator gives a node Slurm reports DOWN that no agent reported.
 UNREACHABLE = "node-unreachable"
 #: The fault code of a node whose agent stopped sending heartbeats (a suspect).

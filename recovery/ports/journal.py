@@ -117,6 +117,10 @@ class PhaseName(StrEnum):
     ``id@nodes`` it holds now)."""
     returned_to_pool = "returned-to-pool"
     """A repaired node went back into the spare pool (detail starts with its name)."""
+    back_in_service = "back-in-service"
+    """The node this incident took out is in service again without the toolkit (an
+    operator resumed it, or the cluster started anew): the incident no longer holds it out,
+    and a new fault there is acted on (detail: what Slurm shows)."""
     closed = "closed"
     k8s_marked = "k8s-marked"
     """Kubernetes: the node cordoned, tainted and conditioned."""

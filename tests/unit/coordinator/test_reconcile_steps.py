@@ -22,6 +22,7 @@ STEPS = (
     "saves",
     "promotions",
     "operator-take-outs",
+    "back-in-service",
     "held-expiry",
     "heartbeats",
     "repair-checks",
