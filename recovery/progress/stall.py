@@ -120,8 +120,7 @@ class StallWatch:
     def __init__(self, budgets: Budgets | None = None) -> None:
         self.budgets = budgets or Budgets()
         self._per_step: deque[float] = deque(maxlen=self.budgets.window)
-        self._seen: dict[int, int] = {}  # rank -> the finished step the last look saw
-        self._marks: dict[int, tuple[Phase, float]] = {}  # rank -> (phase, since) last look
+        self._newest = -1  # the newest finished step the looks saw
 
     def step_budget_s(self) -> float:
         """What a step loop may go without a finished step now."""
@@ -158,19 +157,21 @@ class StallWatch:
         return rec.phase_since + self.budgets.phase_s(rec)
 
     def _learn(self, live: Mapping[int, Record]) -> None:
-        """Keep each process's time per step whenever the look finds it finished a step it
-        had not at the look before - unless a process was in an announced phase at this look
-        or since the last one: a process that waited in the loop for a peer's long save or
-        evaluation counts that wait in its time per step."""
-        marks = {rank: (rec.phase, rec.phase_since) for rank, rec in live.items()}
-        calm = all(rec.phase is Phase.steps for rec in live.values()) and all(
-            self._marks.get(rank, mark) == mark for rank, mark in marks.items()
-        )
-        for rank, rec in live.items():
-            if calm and rec.step_finished > self._seen.get(rank, -1) and rec.last_step_s > 0:
-                self._per_step.append(rec.last_step_s)
-            self._seen[rank] = rec.step_finished
-        self._marks = marks
+        """One sample per look that finds the job's newest finished step moved: the least
+        time per step among the processes at (or one behind) that step. Each process's own
+        announced phases are left out of its time already; a process that waited in the loop
+        for a peer's long save or evaluation counts that wait, and the peer does not: the
+        least is the job's own cadence."""
+        newest = max(rec.step_finished for rec in live.values())
+        if newest > self._newest:
+            recent = [
+                rec.last_step_s
+                for rec in live.values()
+                if rec.step_finished >= newest - 1 and rec.last_step_s > 0
+            ]
+            if recent:
+                self._per_step.append(min(recent))
+        self._newest = max(self._newest, newest)
 
 
 def attribute(

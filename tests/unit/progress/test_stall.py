@@ -70,6 +70,22 @@ def test_budget_is_learned_from_the_jobs_own_steps(tmp_path: Path) -> None:
     assert slow_watch.step_budget_s() == pytest.approx(20.0)  # 10 x 2 s
 
 
+def test_a_short_phase_every_step_does_not_stop_the_learning(tmp_path: Path) -> None:
+    """A copy into node-local memory after every step (the memory tier), announced as a
+    save: the time per step is still learned, the copies left out of it."""
+    job, watch = Job(tmp_path), StallWatch()
+    for n in range(1, 21):
+        job.step(n, dt=0.4)
+        for w in job.w:
+            before = w.enter("save")
+        job.tick(0.1)
+        for w in job.w:
+            w.restore(before)
+        watch.observe(job.records(), job.t)
+    assert watch.step_budget_s() == pytest.approx(5.0)  # learned: not the unlearned 60 s
+    assert job.records()[0].last_step_s == pytest.approx(0.4)
+
+
 def test_unlearned_budget_before_enough_steps(tmp_path: Path) -> None:
     job, watch = Job(tmp_path), StallWatch()
     job.step(1)
