@@ -127,6 +127,9 @@ def _incident(
     marks = dict(ph.marks)
     if returned is not None:
         marks["returned"] = returned
+    stacks = [at for at in run.stacks_at if at >= ph.fault_at]
+    if stacks:
+        marks["stacks"] = min(stacks)
     decided = inc.first(PhaseName.decided)
     reasons = [a.slurm_reason for a in actions if a.slurm_reason and a.node == inc.node]
     return IncidentReport(

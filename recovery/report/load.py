@@ -3,6 +3,7 @@ hand, read into one :class:`~recovery.report.run.RunRecord`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from recovery.report.byhand import load_hand_run
@@ -23,5 +24,26 @@ def load_run(directory: Path) -> RunRecord:
     if not directory.is_dir():
         raise RunDirError(f"{directory} is not a directory (give the run directory to report on)")
     if (directory / RUN_FILE).exists():
-        return load_scenario_run(directory)
-    return load_hand_run(directory)
+        record = load_scenario_run(directory)
+    else:
+        record = load_hand_run(directory)
+    return replace(record, stacks_at=stacks_taken(directory))
+
+
+#: Where a stalled job's stacks are kept, from a report's directory: a scenario run's job
+#: folder, or the run directory itself (``<progress folder>/stacks``, written by the agents).
+STACKS_DIRS = ("job/progress/stacks", "progress/stacks")
+
+
+def stacks_taken(directory: Path) -> tuple[float, ...]:
+    """When the agents took each of the stacks kept under ``directory`` (the header line each
+    file begins with ends ``at <unix seconds>``), sorted; unreadable files are skipped."""
+    times = []
+    for sub in STACKS_DIRS:
+        for path in sorted((directory / sub).glob("rank*.txt")):
+            try:
+                head = path.read_text(errors="replace").split("\n", 1)[0]
+                times.append(float(head.rsplit(" at ", 1)[1]))
+            except (OSError, IndexError, ValueError):
+                continue
+    return tuple(sorted(times))

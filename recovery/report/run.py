@@ -150,6 +150,9 @@ class RunRecord:
     missing: tuple[str, ...] = ()
     """The scenario runner's files the directory lacks (:data:`RUN_FILE`,
     :data:`INCIDENTS_FILE`): a run started by hand, read from its events."""
+    stacks_at: tuple[float, ...] = ()
+    """When the agents took the stacks of a stalled job's processes (wall seconds, one per
+    file of ``progress/stacks``; :func:`recovery.report.load.stacks_taken`)."""
 
     @property
     def ranks(self) -> tuple[tuple[Event, ...], ...]:

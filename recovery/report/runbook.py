@@ -63,6 +63,12 @@ def _happened(report: Report, inc: IncidentReport) -> list[str]:
         )
     elif inc.path:
         lines.append(f"- Path for the job: {inc.path}.")
+    if "stacks" in inc.marks:
+        lines.append(
+            f"- The stacks of the job's processes were taken {offset(inc, 'stacks')} from the "
+            "fault, before anything stopped them: `progress/stacks/rank<r>.txt` in the job's "
+            "run directory."
+        )
     lines += _ended_jobs(inc)
     if inc.interrupted:
         lines.append(f"- After the fault {inc.interrupted}.")

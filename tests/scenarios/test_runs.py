@@ -74,6 +74,13 @@ def test_a_shipped_scenario_passes_on_slurm_2511(
     assert "cluster up on Slurm 25.11" in done.stderr
     result = json.loads(done.stdout)
     assert (result["scenario"], result["passed"]) == (name, True)
+    if name == "main-thread-hang":  # the agents kept every process's stacks; the report says
+        stacks = sorted(p.name for p in (out / "job" / "progress" / "stacks").iterdir())
+        assert stacks == [f"rank{r}.txt" for r in range(4)]
+        hung = (out / "job" / "progress" / "stacks" / "rank1.txt").read_text()
+        assert '"MainThread"' in hung
+        assert "_steps (recovery/train/loop.py" in hung  # where its main thread was
+        assert "The stacks of the job's processes were taken +" in (out / "report.md").read_text()
     _check_nothing_left(Path(result["cluster_root"]))
 
 
