@@ -49,7 +49,7 @@ from recovery.model import (
     Source,
     TakeDown,
 )
-from recovery.model.events import REPAIRED, RETURNED
+from recovery.model.events import HELD, REPAIRED, RETURNED
 from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import ActionStatus, JobPath, Journal, Phase, PhaseName, StoredEvent
@@ -359,6 +359,8 @@ class Engine:
         observed = Stamp(ev.observed_at, received.mono - lag)
         self._journal.add_phase(inc, Phase(PhaseName.fault, observed))
         self._journal.add_phase(inc, Phase(PhaseName.received, received))
+        if ev.fault == HELD:  # about one job, which the reconcile's held-jobs step names
+            return decision
         # The jobs live on the node, and those the fault ended or Slurm requeued from it
         # just before (jobwatch), each at the restart count of its run there.
         fault_at = min(ev.observed_at, received.wall)

@@ -29,20 +29,24 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
 
+from recovery.contract.exits import EXIT_DO_NOT_RESTART, EXIT_PEER_LOST, EXIT_PREEMPTED
 from recovery.coordinator.executor import Executor
 from recovery.coordinator.jobwatch import JobWatch
 from recovery.coordinator.kube import KubeFollow, finished
 from recovery.coordinator.rules import Rules
 from recovery.errors import TransientError, UsageError
 from recovery.model import Drain, HealthEvent, PromoteSpare, SaveThenRequeue, Source, TakeDown
-from recovery.model.events import HEARTBEAT_LOST, RETURNED, UNREACHABLE
-from recovery.policy.requeue import lost_batch_host
+from recovery.model.events import HEARTBEAT_LOST, HELD, RETURNED, UNREACHABLE
+from recovery.policy import incident_id
+from recovery.policy.requeue import describe_end, lost_batch_host
 from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import (
     ActionRecord,
     ActionStatus,
     IncidentRecord,
+    IncidentStatus,
+    JobPath,
     Journal,
     Phase,
     PhaseName,
@@ -56,6 +60,49 @@ UNSETTLED = frozenset({ActionStatus.planned, ActionStatus.waiting, ActionStatus.
 #: run, before it counts as returned without us (a snapshot read just before our own take-out
 #: landed shows it in service for one tick).
 BACK_AFTER_S = 5.0
+#: A job of ours that Slurm holds is explained (and released when its run asked to go on)
+#: once it has been held this long with no node's fault claiming it: a fault's report may
+#: come a few seconds after the job it ended.
+HELD_GRACE_S = 30.0
+#: The jobs ``recover sbatch`` submits (its default job name): the only held jobs released.
+OUR_JOB_NAME = "recover-train"
+
+
+def judge_held(job: JobInfo, released: int, budget: int) -> tuple[bool, str]:
+    """Whether to release ``job``, which Slurm holds after its run ended, and why (pure).
+    ``released``: how many of its holds the coordinator released within the budget's window.
+
+    Released: a run that saved and stopped on a signal (exit 75: a preemption, someone's
+    SIGTERM) or that stopped because a peer was lost (exit 76: a process died, froze or hung
+    and was stopped, with no node fault reported); both continue from their checkpoint.
+    Left held, with the reason: a job not submitted by ``recover sbatch``, a run that asked
+    not to be restarted (exit 93), any other failure (the training's own: a bug, a missing
+    program), and a job whose release budget is spent."""
+    end = describe_end(job)
+    if job.name != OUR_JOB_NAME:
+        return False, (
+            f"not a recover sbatch job (name {job.name!r}): explained, never released here; "
+            f"`scontrol release {job.job_id}` runs it again"
+        )
+    code = job.exit_code
+    if code == EXIT_DO_NOT_RESTART:
+        return False, f"its run asked not to be restarted (exit {code})"
+    if code not in (EXIT_PREEMPTED, EXIT_PEER_LOST):
+        return False, (
+            f"its run failed on its own ({end}): the training's error, not a node's; read "
+            f"its output, then `scontrol release {job.job_id}` to run it again"
+        )
+    if released >= budget:
+        return False, (
+            f"released {released} time(s) already within the budget's window: it keeps "
+            f"stopping ({end}); look at it before `scontrol release {job.job_id}`"
+        )
+    why = (
+        "its run saved and stopped on a signal (exit 75: a preemption, or someone's SIGTERM)"
+        if code == EXIT_PREEMPTED
+        else "a process of its run lost a peer (exit 76) and no node's fault was reported"
+    )
+    return True, f"{why}; released to continue from its newest checkpoint"
 
 
 def unreachable_events(
@@ -257,6 +304,7 @@ class Reconciler:
         self._repaired = repaired
         self._checked: dict[str, float] = {}
         self._back_since: dict[str, float] = {}  # node -> when it was first seen back (mono)
+        self._held_since: dict[tuple[str, int], float] = {}  # (job, run) -> first seen held
         self.suspects: frozenset[str] = frozenset()
         """Nodes whose agent is silent, as of the last ``heartbeats`` step."""
         self.steps: tuple[ReconcileStep, ...] = (
@@ -270,6 +318,7 @@ class Reconciler:
             ("repair-checks", self._repair_checks),
             ("kubernetes", self._kubernetes),
             ("ended-jobs", self._ended_jobs),
+            ("held-jobs", self._held_jobs),
             ("incidents", self._incidents),
         )
 
@@ -372,6 +421,96 @@ class Reconciler:
             self._wake()
         self._back_since = {n: t for n, t in self._back_since.items() if n in back}
 
+    def _held_jobs(self, seen: Snapshot, now: Stamp) -> None:
+        """Jobs of ours Slurm holds (REQUEUE_HOLD) that no open incident follows, held for
+        :data:`HELD_GRACE_S`: a ``job-held`` event opens an incident that says how the run
+        ended; on the next pass the job is released (:func:`judge_held`, through
+        ``requeue_ended``, which acts once per run) and followed until it runs again, or the
+        incident is closed saying why it is left held. Runs on start-up too: the journal
+        needs no memory of the job."""
+        incidents = self._journal.incidents()
+        followed = {j for inc in incidents if inc.status is IncidentStatus.open for j in inc.jobs}
+        by_id = {inc.id: inc for inc in incidents}
+        held_now = set()
+        for job in seen.jobs:
+            if not job.requeue_held or job.job_id in followed:
+                continue
+            ran = job.restart_count - 1
+            held_now.add((job.job_id, ran))
+            since = self._held_since.setdefault((job.job_id, ran), now.mono)
+            if now.mono - since < HELD_GRACE_S:
+                continue
+            event_id = f"held-{job.job_id}-{ran}"
+            inc = by_id.get(incident_id(event_id))
+            if inc is None:
+                self._report_held(job, ran, event_id, seen, now)
+            elif inc.status is IncidentStatus.open:
+                self._settle_held(inc, job, ran, incidents, now)
+        self._held_since = {k: t for k, t in self._held_since.items() if k in held_now}
+        for inc in incidents:  # held incidents whose job stopped being held before we acted
+            if inc.fault != HELD or inc.jobs or inc.status is not IncidentStatus.open:
+                continue
+            job_id, _, run = inc.event_ids[0].removeprefix("held-").rpartition("-")
+            if (job_id, int(run or -1)) not in held_now:
+                why = f"job {job_id} is no longer held: released or ended by someone else"
+                self._journal.close_incident(inc.id, now, why)
+
+    def _report_held(
+        self, job: JobInfo, ran: int, event_id: str, seen: Snapshot, now: Stamp
+    ) -> None:
+        ran_on = sorted(self._watch.trail.ran_on(job.job_id).get(ran, ()))
+        node = job.batch_host or (ran_on[0] if ran_on else None)
+        if node is None or node not in seen.by_name:
+            node = seen.nodes[0].name if seen.nodes else None
+        if node is None:
+            return
+        event = HealthEvent(
+            id=event_id,
+            node=node,
+            source=Source.slurm,
+            fault=HELD,
+            observed_at=now.wall,
+            message=(
+                f"job {job.job_id} ({job.name}) is held by Slurm (REQUEUE_HOLD) after its run "
+                f"{ran} ended ({describe_end(job)}) with no node's fault to explain it"
+            ),
+        )
+        if self._journal.append_events([event], now)[0]:
+            self._log(f"reconcile: {event.message}")
+            self._wake()
+
+    def _settle_held(
+        self,
+        inc: IncidentRecord,
+        job: JobInfo,
+        ran: int,
+        incidents: list[IncidentRecord],
+        now: Stamp,
+    ) -> None:
+        window = now.wall - self._rules.config.requeue.budget_window_s
+        released = sum(
+            1
+            for other in incidents
+            if other.fault == HELD
+            and job.job_id in other.jobs
+            and other.opened.wall >= window
+            and any(p.name == PhaseName.job_released for p in other.phases)
+        )
+        release, why = judge_held(job, released, self._rules.config.requeue.budget)
+        if not release:
+            self._journal.close_incident(inc.id, now, f"left held: {why}")
+            self._log(f"reconcile: job {job.job_id} left held: {why}")
+            return
+        # Followed from here (job-running, closed), at the count of the run that ended.
+        self._journal.update_incident(
+            inc.id,
+            jobs=[job.job_id],
+            info={"job_restarts": {job.job_id: ran}, "path": JobPath.released},
+        )
+        self._slurm.requeue_ended(job.job_id, ran)
+        self._journal.add_phase(inc.id, Phase(PhaseName.job_released, now, f"{job.job_id}: {why}"))
+        self._log(f"reconcile: job {job.job_id} released: {why}")
+
     def _held_expiry(self, seen: Snapshot, now: Stamp) -> None:
         expire_held(self._journal, self._rules.hold_max_age_s, now)
 
@@ -430,6 +569,11 @@ class Reconciler:
         """Phases the jobs reached; an incident whose actions are settled, whose jobs run
         again (or ended) and whose Kubernetes steps are done is closed."""
         for inc in self._journal.incidents(open_only=True):
+            if inc.fault == HELD and (
+                not inc.jobs
+                or any((j := seen.jobs_by_id.get(job)) and j.requeue_held for job in inc.jobs)
+            ):
+                continue  # named and released by the held-jobs step: wait until Slurm says so
             progress = follow_jobs(inc, seen.jobs_by_id, self._watch.awaiting(inc.id))
             for name, detail in progress.phases:
                 self._journal.add_phase(inc.id, Phase(name, now, detail))

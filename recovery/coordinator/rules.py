@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from recovery.model import Decision, HealthEvent, PromoteSpare, Verdict
-from recovery.model.events import REPAIRED, RETURNED
+from recovery.model.events import HELD, REPAIRED, RETURNED
 from recovery.policy import (
     Catalogue,
     ClusterView,
@@ -71,6 +71,18 @@ class Rules:
             return self._repair_decision(event, view, now)
         if event.fault == RETURNED:
             return self._returned_decision(event)
+        if event.fault == HELD:  # a job's, not the node's: it opens its own incident
+            return Decision(
+                event_id=event.id,
+                node=event.node,
+                fault=event.fault,
+                verdict=Verdict.observe,
+                actions=(),
+                incident=incident_id(event.id),
+                opens=True,
+                why=event.message,
+                policy_version=self.version,
+            )
         state, config = self.state, self.config
         return decide(state, event, view, config, self.catalogue, now, taken=self._promised)
 
@@ -91,6 +103,8 @@ class Rules:
             self._promised.update(
                 a.spare for a in decision.actions if isinstance(a, PromoteSpare) and a.spare
             )
+        if event.fault == HELD:
+            return  # about a job: the node's state does not change
         if event.fault == RETURNED:
             ns = self.state.node(event.node)
             if ns.out:  # its incident ends; its failures stay, for escalation and flapping

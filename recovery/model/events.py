@@ -61,6 +61,10 @@ REPAIRED = "node-repaired"
 #: without us (an operator's ``scontrol update state=resume``, a cluster started anew): its
 #: incident no longer holds the node out; its failures still count.
 RETURNED = "node-returned"
+#: The fault code the coordinator gives a job of ours that Slurm holds (REQUEUE_HOLD: 25.11's
+#: expedited requeue of a run that failed while no Epilog failed) and no node's fault claims:
+#: its incident says why, and what was done (released, or left held and why).
+HELD = "job-held"
 #: The fault code the coordinator gives a node Slurm reports DOWN that no agent reported.
 UNREACHABLE = "node-unreachable"
 #: The fault code of a node whose agent stopped sending heartbeats (a suspect).

@@ -117,6 +117,9 @@ class PhaseName(StrEnum):
     ``id@nodes`` it holds now)."""
     returned_to_pool = "returned-to-pool"
     """A repaired node went back into the spare pool (detail starts with its name)."""
+    job_released = "job-released"
+    """A job Slurm held (``job-held``) was released by the coordinator, to continue from its
+    checkpoint (detail: the job and why)."""
     back_in_service = "back-in-service"
     """The node this incident took out is in service again without the toolkit (an
     operator resumed it, or the cluster started anew): the incident no longer holds it out,
@@ -158,6 +161,8 @@ class JobPath(StrEnum):
     down_requeue = "down-requeue (no save: the node cannot run the job)"
     """Down at once (the GPU is gone: nothing could save); Slurm requeues them."""
     requeue = "requeue (node kept)"
+    released = "released (Slurm held the job)"
+    """A job Slurm held with no node fault to blame, released by the coordinator."""
     none = "none"
 
 

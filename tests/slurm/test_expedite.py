@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -176,6 +177,58 @@ def test_training_that_died_before_the_fault_was_reported_is_released_by_the_coo
         }
         assert phases["job-ended"] == f"{job_id} FAILED exit 134, held by Slurm"
         assert phases["jobs-requeued"].endswith("requeued by the coordinator)")
+    finally:
+        coordinator_proc.stop(state)
+
+
+@pytest.mark.slow
+def test_training_stopped_by_hand_is_held_by_slurm_and_released_by_the_coordinator(
+    local_cluster_2511: LocalCluster, ctl2511: CliSlurm, job_dir: Path, tmp_path: Path
+) -> None:
+    """Someone sends the training process SIGTERM (docs/library.md: it saves, exits 75, and
+    the next run continues). The batch script passes 75 on; Slurm 25.11 requeues the
+    expedited job held, and nothing would release it. The coordinator finds the hold, opens
+    a job-held incident saying why, releases the job, and the job continues from its
+    checkpoint to the end."""
+    from recovery.contract.exits import EXIT_PREEMPTED
+    from slurm.sbatch import submit_training
+    from tests.coordinator.helpers import events
+    from tests.helpers import RECOVER_SCRIPT
+
+    state = tmp_path / "coordinator"
+    ep = coordinator_proc.start(
+        state, slurm_conf=local_cluster_2511.conf_path, extra_args=("--slurm-backend", "cli")
+    )
+    try:
+        client = Client(ep.url, admin_token(state / statedir.TOKENS_FILE))
+        run = job_dir / "run"
+        train = ["--steps", "30", "--save-every", "5", "--step-sleep", "0.2"]
+        job_id = submit_training(
+            ctl2511,
+            [RECOVER_SCRIPT, "train", "--run-dir", str(run), *train],
+            sbatch_args=[f"--output={job_dir}/run-%j.out", f"--chdir={job_dir}"],
+        )
+        wait_for(lambda: sum(e["event"] == "step" for e in events(run)) >= 6, 180, "steps")
+        (started,) = [e for e in events(run) if e["event"] == "started"]
+        os.kill(int(started["pid"]), signal.SIGTERM)  # by hand: not Slurm's warning
+        held = wait_for(lambda: (j := ctl2511.job(job_id)).requeue_held and j, 60, "the hold")
+        assert held.exit_code == EXIT_PREEMPTED
+        done = wait_for(
+            lambda: (j := ctl2511.job(job_id)).state == "COMPLETED" and j, 240, "completed", 1.0
+        )
+        assert done.restart_count == 1
+        evs = events(run)
+        (restored,) = [e for e in evs if e["event"] == "restored"]
+        (preempted,) = [e for e in evs if e["event"] == "preempted"]
+        assert restored["step"] == preempted["step"]  # nothing lost: it saved on the way out
+        assert [e["step"] for e in evs if e["event"] == "completed"] == [30]
+        (inc,) = [i for i in client.get("/v1/incidents") if i["fault"] == "job-held"]
+        inc = client.get(f"/v1/incidents/{inc['id']}")
+        phases = {p["name"]: p["detail"] for p in inc["phases"]}
+        assert phases["decided"].startswith(f"job {job_id} (recover-train) is held by Slurm")
+        assert "exit 75" in phases["job-released"]
+        assert {"job-running", "closed"} <= set(phases)
+        assert inc["jobs"] == [job_id]
     finally:
         coordinator_proc.stop(state)
 

@@ -28,6 +28,7 @@ STEPS = (
     "repair-checks",
     "kubernetes",
     "ended-jobs",
+    "held-jobs",
     "incidents",
 )
 
