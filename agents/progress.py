@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,10 @@ Log = Callable[[str], None]
 INTERVAL_S = 1.0
 #: The message's room for the culprit's stack (the event's message holds 2048 characters).
 STACK_CHARS = 1200
+#: Seconds the reporting agent waits for the other agents' stacks of the job before it
+#: reports (its report gets the job requeued, which ends every process): each agent judges
+#: the job on its own once a second, so theirs come within about a second.
+STACKS_WAIT_S = 3.0
 
 
 @dataclass
@@ -121,7 +126,26 @@ class ProgressSource:
             return None
         job.reported = True
         stacks = {r: self._dump(directory, rec) for r, rec in here.items()}
-        return self._event(directory, mine[0].job, verdict, records, here, stacks, now)
+        event = self._event(directory, mine[0].job, verdict, records, here, stacks, now)
+        if event is not None:
+            missing = self._await_stacks(directory, records, now)
+            if missing:
+                event = event.model_copy(
+                    update={"message": f"{event.message[:1900]} (no stacks of rank "
+                            f"{', '.join(map(str, missing))}: its agent did not answer within "
+                            f"{STACKS_WAIT_S:g} s)"}
+                )  # fmt: skip
+        return event
+
+    def _await_stacks(self, directory: Path, records: dict[int, Record], since: float) -> list[int]:
+        """Wait (at most :data:`STACKS_WAIT_S`) until every process of the job has stacks
+        taken around ``since``; the ranks still missing."""
+        deadline = time.monotonic() + STACKS_WAIT_S
+        while True:
+            missing = [r for r in sorted(records) if not _fresh(directory, r, since)]
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(0.1)
 
     def _dump(self, directory: Path, rec: Record) -> str:
         text = self._stacks(rec.pid)
@@ -178,6 +202,16 @@ class ProgressSource:
             message=message[:2048],
             agent_version=self._version,
         )
+
+
+def _fresh(directory: Path, rank: int, since: float) -> bool:
+    """Rank ``rank``'s stacks file was written for this stall (at most 10 s before
+    ``since``: the agents judge a stall within a second of each other)."""
+    try:
+        head = (directory / "stacks" / f"rank{rank}.txt").read_text(errors="replace")
+        return float(head.split("\n", 1)[0].rsplit(" at ", 1)[1]) >= since - 10.0
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def _current(records: dict[int, Record]) -> dict[int, Record]:

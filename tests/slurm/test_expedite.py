@@ -211,12 +211,13 @@ def test_training_stopped_by_hand_is_held_by_slurm_and_released_by_the_coordinat
         wait_for(lambda: sum(e["event"] == "step" for e in events(run)) >= 6, 180, "steps")
         (started,) = [e for e in events(run) if e["event"] == "started"]
         os.kill(int(started["pid"]), signal.SIGTERM)  # by hand: not Slurm's warning
-        held = wait_for(lambda: (j := ctl2511.job(job_id)).requeue_held and j, 60, "the hold")
-        assert held.exit_code == EXIT_PREEMPTED
-        done = wait_for(
-            lambda: (j := ctl2511.job(job_id)).state == "COMPLETED" and j, 240, "completed", 1.0
-        )
-        assert done.restart_count == 1
+        def held() -> JobInfo | None:
+            job = ctl2511.job(job_id)
+            return job if job.requeue_held else None
+
+        assert wait_for(held, 60, "the hold").exit_code == EXIT_PREEMPTED
+        wait_for(lambda: ctl2511.job(job_id).state == "COMPLETED", 240, "completed", 1.0)
+        assert ctl2511.job(job_id).restart_count == 1
         evs = events(run)
         (restored,) = [e for e in evs if e["event"] == "restored"]
         (preempted,) = [e for e in evs if e["event"] == "preempted"]

@@ -51,7 +51,8 @@ def test_a_held_run_that_asked_to_go_on_is_released_and_followed(rig: Rig, code:
     names = [p.name for p in inc.phases]
     assert "job-released" in names
     released = next(p.detail for p in inc.phases if p.name == "job-released")
-    assert released.startswith(f"{job}: ") and "released to continue" in released
+    assert released.startswith(f"{job}: ")
+    assert "released to continue" in released
     rig.slurm.start_job(job, ["n1", "n2"])
     ticks(rig, 1)
     (inc,) = held_incidents(rig)
@@ -80,7 +81,8 @@ def test_other_holds_are_explained_and_left_held(
     (inc,) = held_incidents(rig)
     assert inc.status is IncidentStatus.closed
     closed = next(p.detail for p in inc.phases if p.name == "closed")
-    assert closed.startswith("left held: ") and says in closed
+    assert closed.startswith("left held: ")
+    assert says in closed
     assert ("release", job) not in rig.slurm.updates()
     assert rig.slurm.job(job).requeue_held
     ticks(rig, HELD_GRACE_S)
