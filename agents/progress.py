@@ -110,7 +110,8 @@ class ProgressSource:
     def _look(self, directory: Path, mine: list[Entry]) -> HealthEvent | None:
         records = _current(read_records(directory))
         pids = {e.pid for e in mine}
-        here = {r: rec for r, rec in records.items() if rec.pid in pids}
+        # This node's processes (pids repeat across nodes: the node named in the record too).
+        here = {r: rec for r, rec in records.items() if rec.pid in pids and rec.node == self.node}
         if not here:
             return None
         key = tuple(sorted((r, rec.pid) for r, rec in records.items()))
