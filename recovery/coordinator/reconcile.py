@@ -64,7 +64,8 @@ BACK_AFTER_S = 5.0
 #: once it has been held this long with no node's fault claiming it: a fault's report may
 #: come a few seconds after the job it ended.
 HELD_GRACE_S = 30.0
-#: The jobs ``recover sbatch`` submits (its default job name): the only held jobs released.
+#: The jobs ``recover sbatch`` submits (its default job name): the only held jobs explained
+#: and released (another user's held job is theirs and Slurm's).
 OUR_JOB_NAME = "recover-train"
 
 
@@ -75,15 +76,10 @@ def judge_held(job: JobInfo, released: int, budget: int) -> tuple[bool, str]:
     Released: a run that saved and stopped on a signal (exit 75: a preemption, someone's
     SIGTERM) or that stopped because a peer was lost (exit 76: a process died, froze or hung
     and was stopped, with no node fault reported); both continue from their checkpoint.
-    Left held, with the reason: a job not submitted by ``recover sbatch``, a run that asked
-    not to be restarted (exit 93), any other failure (the training's own: a bug, a missing
-    program), and a job whose release budget is spent."""
+    Left held, with the reason: a run that asked not to be restarted (exit 93), any other
+    failure (the training's own: a bug, a missing program), and a job whose release budget
+    is spent."""
     end = describe_end(job)
-    if job.name != OUR_JOB_NAME:
-        return False, (
-            f"not a recover sbatch job (name {job.name!r}): explained, never released here; "
-            f"`scontrol release {job.job_id}` runs it again"
-        )
     code = job.exit_code
     if code == EXIT_DO_NOT_RESTART:
         return False, f"its run asked not to be restarted (exit {code})"
@@ -433,7 +429,8 @@ class Reconciler:
         by_id = {inc.id: inc for inc in incidents}
         held_now = set()
         for job in seen.jobs:
-            if not job.requeue_held or job.job_id in followed:
+            # Only ours: another user's held job is Slurm's and theirs to explain.
+            if not job.requeue_held or job.job_id in followed or job.name != OUR_JOB_NAME:
                 continue
             ran = job.restart_count - 1
             held_now.add((job.job_id, ran))

@@ -68,7 +68,6 @@ def test_a_held_run_that_asked_to_go_on_is_released_and_followed(rig: Rig, code:
     [
         (OUR_JOB_NAME, 127, "failed on its own (FAILED exit 127, held by Slurm)"),
         (OUR_JOB_NAME, EXIT_DO_NOT_RESTART, "asked not to be restarted (exit 93)"),
-        ("mine", EXIT_PREEMPTED, "not a recover sbatch job (name 'mine')"),
     ],
 )
 def test_other_holds_are_explained_and_left_held(
@@ -87,6 +86,15 @@ def test_other_holds_are_explained_and_left_held(
     assert rig.slurm.job(job).requeue_held
     ticks(rig, HELD_GRACE_S)
     assert len(held_incidents(rig)) == 1  # explained once
+
+
+def test_another_users_held_job_is_left_to_them(rig: Rig) -> None:
+    job = rig.slurm.run_job(["n2"], name="mine")
+    rig.engine.step()
+    rig.slurm.fail_held(job, exit_code=EXIT_PREEMPTED)
+    ticks(rig, 2 * HELD_GRACE_S)
+    assert held_incidents(rig) == []
+    assert rig.slurm.job(job).requeue_held
 
 
 def test_a_held_job_a_nodes_fault_claims_is_left_to_that_incident(rig: Rig) -> None:
