@@ -305,6 +305,13 @@ class LocalCluster:
         key = self._node_key(info, name)
         roots = [info.pids[key], *also]
         targets = procs.cluster_processes(str(self.state_dir), roots, node=name)
+        # All of them stop first, then die: killed one by one, a slurmstepd that outlived its
+        # job's processes by a moment reported their death to slurmctld (the job ended
+        # FAILED, where a node losing power leaves it for Slurm to requeue once the node is
+        # DOWN), as seen in a CI run.
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
         procs.stop((), kill_now=targets, sleep=self._sleep, clock=self._clock)
         # A node that loses power loses its tmpfs: the memory tier's copies there are gone.
         forget_node(memory_root(self._env), node_key(name, str(self.conf_path)))
