@@ -160,9 +160,12 @@ class ProgressWriter:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Written whole beside it, then renamed into place: a reader never finds the file
+        # empty or half made (the mapping follows the file across the rename).
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as e:
             raise UsageError(f"cannot write progress to {self.path}: {e}") from e
         try:
@@ -178,6 +181,11 @@ class ProgressWriter:
         self._node = node.encode()[:64]
         with self._lock:
             self._write()
+        try:
+            os.replace(tmp, self.path)
+        except OSError as e:
+            self._map.close()
+            raise UsageError(f"cannot write progress to {self.path}: {e}") from e
         self._entry = (
             None
             if registry is None

@@ -32,6 +32,8 @@ class Clock:
 def test_steps_and_phases_round_trip(tmp_path: Path) -> None:
     clock = Clock()
     w = ProgressWriter(tmp_path, rank=1, size=2, node="node2", clock=clock)
+    # made whole beside it and renamed into place: never an empty file to read
+    assert [p.name for p in tmp_path.iterdir()] == ["rank1.progress"]
     rec = read_record(record_path(tmp_path, 1))
     assert (rec.rank, rec.size, rec.node, rec.phase) == (1, 2, "node2", Phase.startup)
     assert (rec.step_started, rec.step_finished, rec.last_step_s) == (-1, -1, 0.0)
