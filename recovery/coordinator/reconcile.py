@@ -424,33 +424,40 @@ class Reconciler:
         ``requeue_ended``, which acts once per run) and followed until it runs again, or the
         incident is closed saying why it is left held. Runs on start-up too: the journal
         needs no memory of the job."""
-        incidents = self._journal.incidents()
-        followed = {j for inc in incidents if inc.status is IncidentStatus.open for j in inc.jobs}
-        by_id = {inc.id: inc for inc in incidents}
+        held = [j for j in seen.jobs if j.requeue_held and j.name == OUR_JOB_NAME]
+        open_incidents = self._journal.incidents(open_only=True)
+        waiting = [i for i in open_incidents if i.fault == HELD and not i.jobs]
+        if not held and not waiting and not self._held_since:
+            return  # the common case: one read of the open incidents, as the next step does
+        followed = {j for inc in open_incidents for j in inc.jobs}
+        incidents: list[IncidentRecord] | None = None  # every incident, read when needed
         held_now = set()
-        for job in seen.jobs:
-            # Only ours: another user's held job is Slurm's and theirs to explain.
-            if not job.requeue_held or job.job_id in followed or job.name != OUR_JOB_NAME:
+        for job in held:
+            if job.job_id in followed:
                 continue
             ran = job.restart_count - 1
             held_now.add((job.job_id, ran))
             since = self._held_since.setdefault((job.job_id, ran), now.mono)
             if now.mono - since < HELD_GRACE_S:
                 continue
+            if incidents is None:
+                incidents = self._journal.incidents()
             event_id = f"held-{job.job_id}-{ran}"
-            inc = by_id.get(incident_id(event_id))
+            inc = next((i for i in incidents if i.id == incident_id(event_id)), None)
             if inc is None:
                 self._report_held(job, ran, event_id, seen, now)
             elif inc.status is IncidentStatus.open:
                 self._settle_held(inc, job, ran, incidents, now)
         self._held_since = {k: t for k, t in self._held_since.items() if k in held_now}
-        for inc in incidents:  # held incidents whose job stopped being held before we acted
-            if inc.fault != HELD or inc.jobs or inc.status is not IncidentStatus.open:
-                continue
+        for inc in waiting:  # held incidents whose job stopped being held before we acted
             job_id, _, run = inc.event_ids[0].removeprefix("held-").rpartition("-")
-            if (job_id, int(run or -1)) not in held_now:
+            if job_id in followed:
+                why = f"job {job_id} is followed by the incident of a node's fault"
+            elif (job_id, int(run or -1)) not in held_now:
                 why = f"job {job_id} is no longer held: released or ended by someone else"
-                self._journal.close_incident(inc.id, now, why)
+            else:
+                continue
+            self._journal.close_incident(inc.id, now, why)
 
     def _report_held(
         self, job: JobInfo, ran: int, event_id: str, seen: Snapshot, now: Stamp
