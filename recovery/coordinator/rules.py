@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from recovery.model import Decision, HealthEvent, PromoteSpare, Verdict
+from recovery.model import Action, Decision, HealthEvent, PromoteSpare, Verdict
 from recovery.model.events import HELD, REPAIRED, RETURNED
 from recovery.policy import (
     Catalogue,
@@ -72,17 +72,7 @@ class Rules:
         if event.fault == RETURNED:
             return self._returned_decision(event)
         if event.fault == HELD:  # a job's, not the node's: it opens its own incident
-            return Decision(
-                event_id=event.id,
-                node=event.node,
-                fault=event.fault,
-                verdict=Verdict.observe,
-                actions=(),
-                incident=incident_id(event.id),
-                opens=True,
-                why=event.message,
-                policy_version=self.version,
-            )
+            return self._operator_decision(event, Verdict.observe, None, event.message)
         state, config = self.state, self.config
         return decide(state, event, view, config, self.catalogue, now, taken=self._promised)
 
@@ -124,17 +114,8 @@ class Rules:
 
     def _repair_decision(self, event: HealthEvent, view: ClusterView, now: float) -> Decision:
         verdict = on_repaired(self.state, event.node, view, self.config, now)
-        incident = verdict.incident or incident_id(event.id)
-        return Decision(
-            event_id=event.id,
-            node=event.node,
-            fault=event.fault,
-            verdict=Verdict.ignore,
-            actions=verdict.actions,
-            incident=incident,
-            opens=verdict.incident is None,
-            why=verdict.why,
-            policy_version=self.version,
+        return self._operator_decision(
+            event, Verdict.ignore, verdict.incident, verdict.why, verdict.actions
         )
 
     def _returned_decision(self, event: HealthEvent) -> Decision:
@@ -147,14 +128,26 @@ class Rules:
             if ns.out
             else f"{event.message}; {event.node} was not held out by recover: nothing changes"
         )
+        return self._operator_decision(event, Verdict.ignore, inc.id if inc else None, why)
+
+    def _operator_decision(
+        self,
+        event: HealthEvent,
+        verdict: Verdict,
+        incident: str | None,
+        why: str,
+        actions: tuple[Action, ...] = (),
+    ) -> Decision:
+        """A decision the coordinator makes itself, outside the catalogue (repaired, returned,
+        held): it joins ``incident``, or opens the event's own when None."""
         return Decision(
             event_id=event.id,
             node=event.node,
             fault=event.fault,
-            verdict=Verdict.ignore,
-            actions=(),
-            incident=inc.id if inc is not None else incident_id(event.id),
-            opens=inc is None,
+            verdict=verdict,
+            actions=actions,
+            incident=incident or incident_id(event.id),
+            opens=incident is None,
             why=why,
             policy_version=self.version,
         )
