@@ -36,6 +36,7 @@ from recovery.ports.clock import Clock
 from recovery.proc import alive
 from recovery.progress import Budgets, Record, StallWatch, Verdict, read_records
 from recovery.progress.registry import Entry, entries
+from recovery.progress.stacks import STACKS, missing, write_stacks
 
 Log = Callable[[str], None]
 INTERVAL_S = 1.0
@@ -129,11 +130,11 @@ class ProgressSource:
         stacks = {r: self._dump(directory, rec) for r, rec in here.items()}
         event = self._event(directory, mine[0].job, verdict, records, here, stacks, now)
         if event is not None:
-            missing = self._await_stacks(directory, records, now)
-            if missing:
+            absent = self._await_stacks(directory, records, now)
+            if absent:
                 event = event.model_copy(
                     update={"message": f"{event.message[:1900]} (no stacks of rank "
-                            f"{', '.join(map(str, missing))}: its agent did not answer within "
+                            f"{', '.join(map(str, absent))}: its agent did not answer within "
                             f"{STACKS_WAIT_S:g} s)"}
                 )  # fmt: skip
         return event
@@ -143,22 +144,17 @@ class ProgressSource:
         taken around ``since``; the ranks still missing."""
         deadline = time.monotonic() + STACKS_WAIT_S
         while True:
-            missing = [r for r in sorted(records) if not _fresh(directory, r, since)]
-            if not missing or time.monotonic() > deadline:
-                return missing
+            absent = missing(directory, sorted(records), since)
+            if not absent or time.monotonic() > deadline:
+                return absent
             time.sleep(0.1)
 
     def _dump(self, directory: Path, rec: Record) -> str:
         text = self._stacks(rec.pid)
-        path = directory / "stacks" / f"rank{rec.rank}.txt"
         try:
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(
-                f"rank {rec.rank} pid {rec.pid} on {rec.node}, step {rec.step_finished}, "
-                f"phase {rec.phase.name}, at {self.clock.now().wall:.3f}\n{text}\n"
-            )
+            write_stacks(directory, rec, text, self.clock.now().wall)
         except OSError as e:
-            self._log(f"agent {self.node}: cannot keep the stacks in {path}: {e}")
+            self._log(f"agent {self.node}: cannot keep the stacks in {directory / STACKS}: {e}")
         return text
 
     def _event(
@@ -180,13 +176,13 @@ class ProgressSource:
             message = (
                 f"{job}: rank {c.rank} (pid {c.pid}) {c.why}; no step for {verdict.idle_s:.1f} s "
                 f"(budget {verdict.budget_s:.1f} s) at step {verdict.step}. Stacks of its "
-                f"processes here: {directory / 'stacks'}. Main thread: {stack}"
+                f"processes here: {directory / STACKS}. Main thread: {stack}"
             )
         elif not verdict.confident and min(records) in here:
             fault = "job-hang"
             message = (
                 f"{job}: no step for {verdict.idle_s:.1f} s (budget {verdict.budget_s:.1f} s) at "
-                f"step {verdict.step}; {verdict.why}. Stacks: {directory / 'stacks'}"
+                f"step {verdict.step}; {verdict.why}. Stacks: {directory / STACKS}"
             )
         else:
             return None  # the culprit's own agent (or the lowest rank's) reports it
@@ -203,16 +199,6 @@ class ProgressSource:
             message=message[:2048],
             agent_version=self._version,
         )
-
-
-def _fresh(directory: Path, rank: int, since: float) -> bool:
-    """Rank ``rank``'s stacks file was written for this stall (at most 10 s before
-    ``since``: the agents judge a stall within a second of each other)."""
-    try:
-        head = (directory / "stacks" / f"rank{rank}.txt").read_text(errors="replace")
-        return float(head.split("\n", 1)[0].rsplit(" at ", 1)[1]) >= since - 10.0
-    except (OSError, IndexError, ValueError):
-        return False
 
 
 def _current(records: dict[int, Record]) -> dict[int, Record]:

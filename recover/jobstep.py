@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from recovery.api.progress import progress_dir
 from recovery.errors import UsageError
 from recovery.inalloc.decide import DEFAULT_MAX_RELAUNCHES, decision_line, exit_status
 from recovery.inalloc.supervisor import (
@@ -57,12 +59,27 @@ def supervise_job(
             "never the coordinator's 'save and leave' for a lost node."
         ),
     ] = 60.0,
+    progress_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="The run's progress folder: a launch whose processes stop finishing steps "
+            "there is ended (after the node agents took its stacks) and relaunched. "
+            "[default: RUN_DIR/progress of the command's --run-dir, or $RECOVER_PROGRESS_DIR]"
+        ),
+    ] = None,
+    no_hang_watch: Annotated[
+        bool,
+        typer.Option("--no-hang-watch", help="Do not watch the launch's progress."),
+    ] = False,
 ) -> None:
     """Run inside a --no-kill job: launch COMMAND on --processes of the job's nodes with
     srun, and when a node is lost relaunch it on one of the job's spare nodes (the batch
     host last); with no spare or relaunch left, write 'requeue' for the batch script. A
     standby process waits on every node of the job (started --standby-after seconds into a
-    launch) so that a relaunch does not start JAX again. Exit status: the step's."""
+    launch) so that a relaunch does not start JAX again. A launch that stops making progress
+    (a process stuck or frozen: no step for longer than its steps justify) is ended and
+    relaunched on the same nodes, or without a node named for two hangs in a row. Exit
+    status: the step's."""
     from slurm.jobstep import JobSteps
 
     if max_relaunches < 0:
@@ -83,11 +100,26 @@ def supervise_job(
         grace_s=grace,
         standby_after_s=None if no_standby else standby_after,
         signal_lead_s=signal_lead,
+        progress=None if no_hang_watch else (progress_dir or watched_progress(command)),
     )
     install_forwarding(supervisor)
     decision = supervisor.run()
     decision_file.write_text(decision_line(decision) + "\n")
     raise typer.Exit(exit_status(decision))
+
+
+def watched_progress(command: list[str], environ: Mapping[str, str] | None = None) -> Path | None:
+    """The progress folder of the run ``command`` trains (its ``--run-dir``, relative to the
+    working directory the processes share); None when the command names no run directory."""
+    run_dir = None
+    for i, arg in enumerate(command):
+        if arg == "--run-dir" and i + 1 < len(command):
+            run_dir = command[i + 1]
+        elif arg.startswith("--run-dir="):
+            run_dir = arg.split("=", 1)[1]
+    if run_dir is None:
+        return None
+    return progress_dir(Path(run_dir).absolute(), environ)
 
 
 def register(root: typer.Typer) -> None:

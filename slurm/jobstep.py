@@ -131,6 +131,11 @@ class LaunchStep:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGINT)
 
+    def end(self) -> None:
+        """End every process now (the supervisor's verdict: the launch stopped making
+        progress); a stopped or stuck task is SIGKILLed all the same."""
+        self._end_the_rest()
+
     def signal(self, signum: int) -> None:
         """Forward ``signum`` to every process (each srun passes it to its task)."""
         for proc in self.procs:

@@ -243,12 +243,21 @@ def parse_jobs(text: str, what: str = "squeue --json") -> list[JobInfo]:
             signal=signal,
             requeueable=requeue if isinstance(requeue, bool) else True,
             batch_host=str(raw.get("batch_host") or ""),
+            comment=_comment(raw.get("comment")),
         )
         if job.finished:
             # A live job's end_time is Slurm's projection (start + time limit, or far ahead).
             job = replace(job, end_time=float(number(raw.get("end_time"), 0) or 0))
         jobs.append(job)
     return sorted(jobs, key=lambda j: int(j.job_id))
+
+
+def _comment(value: Any) -> str:
+    # 22.05 and 25.11 give the job's comment as a string; some versions nest the three kinds
+    # (``{"job": ..., "administrator": ..., "system": ...}``).
+    if isinstance(value, dict):
+        value = value.get("job")
+    return value if isinstance(value, str) else ""
 
 
 def exit_status(value: Any) -> tuple[int | None, int | None]:

@@ -239,6 +239,7 @@ def _job(j: Any) -> JobInfo:
         signal=int(j.exit_code_signal or 0) or None,
         requeueable=bool(j.is_requeueable) if j.is_requeueable is not None else True,
         batch_host=str(getattr(j, "batch_host", "") or ""),
+        comment=str(getattr(j, "comment", "") or ""),
     )
     if job.finished:
         # A live job's end_time is Slurm's projection (start + time limit).

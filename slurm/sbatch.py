@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from recovery.contract.exits import EXIT_PREEMPTED
+from recovery.contract.jobmark import job_comment
 from recovery.errors import UsageError
 from recovery.ports.slurm import BatchJob, SlurmControl
 
@@ -384,6 +385,8 @@ def training_job(
         options["job-name"] = job_name
     elif is_recover_train(cmd):
         options["job-name"] = "recover-train"
+    if is_recover_train(cmd):
+        options["comment"] = job_comment(in_allocation=bool(spares))
     return BatchJob(
         script=render_batch_script(
             cmd,

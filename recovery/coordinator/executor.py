@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from recovery.contract.jobmark import left_to_supervisor
 from recovery.coordinator.kube import KubeFollow
 from recovery.errors import RecoverError, TransientError
 from recovery.model import (
@@ -332,9 +333,26 @@ class Executor:
     def _requeue_all(self, rec: ActionRecord) -> tuple[ActionStatus, str]:
         node = rec.action.node
         jobs = self._slurm.jobs_on(node)
-        done = [j.job_id for j in jobs if self._slurm.requeue(j.job_id)]
-        self._phase(rec.incident, PhaseName.jobs_requeued, " ".join(done) or "no jobs to requeue")
-        return ActionStatus.done, f"requeued {' '.join(done)}" if done else "no jobs to requeue"
+        fault = self._journal.incident(rec.incident).fault
+        # A job that recovers inside its allocation relaunches a hung launch itself (its
+        # supervisor reads the same progress records): requeueing it would end that.
+        own = [j.job_id for j in jobs if left_to_supervisor(j.comment, fault)]
+        if own:
+            self._journal.update_incident(rec.incident, info={"supervised": own})
+            self._phase(
+                rec.incident, PhaseName.left_to_job,
+                f"{' '.join(own)}: its supervisor relaunches it inside its allocation",
+            )  # fmt: skip
+        done = [j.job_id for j in jobs if j.job_id not in own and self._slurm.requeue(j.job_id)]
+        if done or not own:
+            self._phase(
+                rec.incident, PhaseName.jobs_requeued, " ".join(done) or "no jobs to requeue"
+            )
+        said = [
+            f"requeued {' '.join(done)}" if done else "",
+            f"left {' '.join(own)} to its supervisor" if own else "",
+        ]
+        return ActionStatus.done, "; ".join(w for w in said if w) or "no jobs to requeue"
 
     def _promote(self, rec: ActionRecord) -> tuple[ActionStatus, str]:
         a = rec.action

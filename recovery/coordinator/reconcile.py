@@ -30,6 +30,7 @@ from functools import cached_property
 from typing import Protocol
 
 from recovery.contract.exits import EXIT_DO_NOT_RESTART, EXIT_PEER_LOST, EXIT_PREEMPTED
+from recovery.contract.jobmark import is_ours
 from recovery.coordinator.executor import Executor
 from recovery.coordinator.jobwatch import JobWatch
 from recovery.coordinator.kube import KubeFollow, finished
@@ -64,9 +65,16 @@ BACK_AFTER_S = 5.0
 #: once it has been held this long with no node's fault claiming it: a fault's report may
 #: come a few seconds after the job it ended.
 HELD_GRACE_S = 30.0
-#: The jobs ``recover sbatch`` submits (its default job name): the only held jobs explained
-#: and released (another user's held job is theirs and Slurm's).
+#: The jobs ``recover sbatch`` submits (its default job name): with its mark in the comment
+#: (:mod:`recovery.contract.jobmark`, whatever the name), the only held jobs explained and
+#: released (another user's held job is theirs and Slurm's). The name alone still counts for
+#: jobs submitted before the mark was.
 OUR_JOB_NAME = "recover-train"
+
+
+def ours(job: JobInfo) -> bool:
+    """``job`` was submitted by ``recover sbatch``."""
+    return is_ours(job.comment) or job.name == OUR_JOB_NAME
 
 
 def judge_held(job: JobInfo, released: int, budget: int) -> tuple[bool, str]:
@@ -148,12 +156,15 @@ def follow_jobs(
     ``jobs-requeued`` once a job is pending again or its restart count rose; ``job-running``
     once every job that is still known runs again after a restart; ``in-allocation`` for a job
     that runs on without the node and was never requeued (a ``--no-kill`` job with spares of
-    its own: Slurm dropped the node and the job recovers inside its allocation), which
-    counts as resolved. Jobs Slurm forgot, that finished, or that Slurm holds
-    (``REQUEUE_HOLD``) count as resolved, except those in ``awaiting``: ended jobs whose
-    requeue the coordinator noted and Slurm has not confirmed yet (:meth:`JobWatch.awaiting`).
+    its own: Slurm dropped the node and the job recovers inside its allocation), or for one
+    left to its own supervisor (``supervised`` in the incident's info: a hang the supervisor
+    relaunches on the same nodes), which counts as resolved. Jobs Slurm forgot, that
+    finished, or that Slurm holds (``REQUEUE_HOLD``) count as resolved, except those in
+    ``awaiting``: ended jobs whose requeue the coordinator noted and Slurm has not confirmed
+    yet (:meth:`JobWatch.awaiting`).
     """
     initial = incident.info.get("job_restarts", {})
+    supervised = set(incident.info.get("supervised", ()))
     have = {p.name for p in incident.phases}
     phases: list[tuple[PhaseName, str]] = []
     requeued: list[str] = []
@@ -171,10 +182,12 @@ def follow_jobs(
             requeued.append(job_id)
         if restarted and job.state == "RUNNING":
             running.append(f"{job_id}@{','.join(job.nodes)}")
-        elif (
-            job.state == "RUNNING"
-            and not job.uses(incident.node)
-            and not lost_batch_host(job, incident.node, job.restart_count)
+        elif job.state == "RUNNING" and (
+            job_id in supervised
+            or (
+                not job.uses(incident.node)
+                and not lost_batch_host(job, incident.node, job.restart_count)
+            )
         ):
             in_allocation.append(f"{job_id}@{','.join(job.nodes)}")
         else:
@@ -424,7 +437,7 @@ class Reconciler:
         ``requeue_ended``, which acts once per run) and followed until it runs again, or the
         incident is closed saying why it is left held. Runs on start-up too: the journal
         needs no memory of the job."""
-        held = [j for j in seen.jobs if j.requeue_held and j.name == OUR_JOB_NAME]
+        held = [j for j in seen.jobs if j.requeue_held and ours(j)]
         open_incidents = self._journal.incidents(open_only=True)
         waiting = [i for i in open_incidents if i.fault == HELD and not i.jobs]
         if not held and not waiting and not self._held_since:

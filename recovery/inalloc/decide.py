@@ -61,6 +61,7 @@ class Relaunch:
     lost: tuple[str, ...]
     release: tuple[str, ...]
     spares_left: tuple[str, ...]
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,43 @@ def after_step(
         release=release,
         spares_left=spares[len(step_lost) :],
     )
+
+
+def after_hang(
+    layout: Layout,
+    culprits: Sequence[str],
+    *,
+    hung_before: Sequence[str],
+    relaunches: int,
+    max_relaunches: int,
+) -> Relaunch | Requeue:
+    """What follows a launch the supervisor ended because it stopped making progress
+    (:mod:`recovery.progress.stall`). ``culprits``: the nodes of the processes it was
+    attributed to with confidence (empty: nobody could be named); ``hung_before``: those of
+    the launch before, when that one hung too.
+
+    A hang is the process's, not the node's, until it repeats: the first is relaunched on
+    the same nodes (their standbys are up; no node is given back on a guess). A node named
+    again for the next launch's hang is swapped for a spare and given back to Slurm, when a
+    spare is left (not the batch host: the batch script runs there). With the relaunch budget
+    spent the job requeues."""
+    if relaunches >= max_relaunches:
+        return Requeue(
+            (), f"the launch hung and the restart budget is spent ({max_relaunches} relaunches)"
+        )
+    again = [
+        n for n in culprits if n in hung_before and n in layout.step and n != layout.batch_host
+    ]
+    spares = layout.spares
+    if again and len(spares) >= len(again):
+        taken = iter(spares[: len(again)])
+        nodes = tuple(next(taken) if n in again else n for n in layout.step)
+        why = f"hung again on {', '.join(again)}: relaunched without it, on a spare"
+        return Relaunch(nodes, (), tuple(again), spares[len(again) :], why)
+    why = "hung: relaunched on the same nodes"
+    if again:
+        why += f" (hung again on {', '.join(again)}, but no spare is left)"
+    return Relaunch(layout.step, (), (), spares, why)
 
 
 def next_layout(layout: Layout, relaunch: Relaunch) -> Layout:

@@ -35,6 +35,7 @@ from recovery.inalloc.decide import (
     Relaunch,
     Requeue,
     StepDecision,
+    after_hang,
     after_signalled_step,
     after_step,
     checked_status,
@@ -48,6 +49,9 @@ from recovery.inalloc.decide import (
     time_limit_warning,
     usr1_about,
 )
+from recovery.inalloc.hang import LOOK_EVERY_S, LaunchWatch
+from recovery.progress import Budgets, Verdict
+from recovery.progress.stacks import missing
 
 #: Seconds the supervisor waits, after a failed step, for Slurm to name a lost node.
 DEFAULT_GRACE_S = 30.0
@@ -58,6 +62,9 @@ DEFAULT_STANDBY_AFTER_S = 5.0
 POLL_S = 0.25
 #: How often a running launch is looked at: its end, a signal the batch script forwarded.
 STEP_POLL_S = 0.1
+#: Seconds a stalled launch is kept, at most, for the node agents to take its processes'
+#: stacks (they judge the job about when the supervisor does, and each writes its own).
+STACKS_WAIT_S = 3.0
 
 
 class Step(Protocol):
@@ -73,6 +80,10 @@ class Step(Protocol):
 
     def signal(self, signum: int) -> None:
         """Forward ``signum`` to the step (srun passes it to every process)."""
+
+    def end(self) -> None:
+        """End every process of the launch now, whatever it is doing (stopped, or stuck in
+        a system call): :meth:`wait` then returns its status."""
 
 
 class JobSlurm(Protocol):
@@ -133,7 +144,15 @@ class Supervisor:
     launch starts its processes then)."""
     signal_lead_s: float = 60.0
     """How long before the time limit Slurm warns the job with USR1 (``--signal``)."""
+    progress: Path | None = None
+    """The run's progress folder: a launch whose processes stop making progress there is
+    ended and relaunched (:mod:`recovery.inalloc.hang`); None: not watched."""
+    budgets: Budgets = field(default_factory=Budgets)
+    """The stall thresholds of :mod:`recovery.progress.stall`."""
+    stacks_wait_s: float = STACKS_WAIT_S
     clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    """Unix seconds: the progress records' clock."""
     sleep: Callable[[float], None] = time.sleep
     signalled: int | None = None
     """A signal that asked the job to stop: after it the supervisor relaunches nothing."""
@@ -141,6 +160,7 @@ class Supervisor:
     _leaving: tuple[str, ...] = ()
     _lost_at: float | None = None
     _lost_before: tuple[str, ...] = ()
+    _hung_before: tuple[str, ...] = ()
 
     def forward(self, signum: int) -> None:
         """A signal the batch script forwarded (USR1, TERM), noted here (this runs in the
@@ -175,14 +195,27 @@ class Supervisor:
         )
         relaunches = 0
         while True:
-            status = self._run_step(layout, relaunches)
+            status, stall = self._run_step(layout, relaunches)
+            hung_before, self._hung_before = self._hung_before, ()
+            decision: StepDecision
+            if stall is not None and self.signalled is None:
+                culprits = [c.node for c in stall.culprits] if stall.confident else []
+                self._hung_before = tuple(culprits)
+                decision = after_hang(
+                    layout, culprits, hung_before=hung_before, relaunches=relaunches,
+                    max_relaunches=self.max_relaunches,
+                )  # fmt: skip
+                if isinstance(decision, Relaunch):
+                    layout, relaunches = self._relaunching(layout, decision, relaunches)
+                    continue
+                self._decided(decision)
+                return decision
             if self._leaving and self.signalled is None:
                 # Saved and stopped to leave a lost node: relaunched without it, as a failure.
                 status = status_after_leaving(status)
             elif ended_cleanly(status) and self.signalled is None:
                 status = self._check_success(layout, status)
             self._leaving = ()
-            decision: StepDecision
             if self.signalled is not None:
                 decision = after_signalled_step(
                     layout, status, signal.Signals(self.signalled).name,
@@ -202,17 +235,26 @@ class Supervisor:
             if not isinstance(decision, Relaunch):
                 self._decided(decision)
                 return decision
-            if decision.release:
-                self._release(decision.release)
-            relaunches += 1
-            layout = next_layout(layout, decision)
-            self.journal(
-                "relaunch",
-                attempt=relaunches,
-                lost=list(decision.lost),
-                step_nodes=list(layout.step),
-                spares=list(layout.spares),
-            )
+            layout, relaunches = self._relaunching(layout, decision, relaunches)
+
+    def _relaunching(
+        self, layout: Layout, decision: Relaunch, relaunches: int
+    ) -> tuple[Layout, int]:
+        """Give back what ``decision`` releases; the next launch's layout and count."""
+        if decision.release:
+            self._release(decision.release)
+        relaunches += 1
+        layout = next_layout(layout, decision)
+        extra = {"why": decision.why} if decision.why else {}
+        self.journal(
+            "relaunch",
+            attempt=relaunches,
+            lost=list(decision.lost),
+            step_nodes=list(layout.step),
+            spares=list(layout.spares),
+            **extra,
+        )
+        return layout, relaunches
 
     def _release(self, nodes: Sequence[str]) -> None:
         """Give ``nodes`` back to Slurm. Slurm refuses to shrink a job while a DOWN node is
@@ -226,7 +268,12 @@ class Supervisor:
             return
         self.journal("released", nodes=list(nodes), keep=keep)
 
-    def _run_step(self, layout: Layout, attempt: int) -> int:
+    def _run_step(self, layout: Layout, attempt: int) -> tuple[int, Verdict | None]:
+        """Launch the training on ``layout`` and wait for it to end: its status, and the
+        verdict that ended it when it stopped making progress (None otherwise)."""
+        watch = None
+        if self.progress is not None:
+            watch = LaunchWatch(self.progress, len(layout.step), self.wall(), self.budgets)
         step = self.slurm.launch(layout.step, self.command)
         self.journal(
             "launched",
@@ -238,6 +285,8 @@ class Supervisor:
         if self.signalled is not None:  # a signal that came while the step was starting
             step.signal(self.signalled)
         standby_at = None if self.standby_after_s is None else self.clock() + self.standby_after_s
+        look_at = self.clock() + LOOK_EVERY_S
+        stall = None
         while True:
             self._take_signals(layout, step)
             status = step.wait(STEP_POLL_S)
@@ -248,9 +297,41 @@ class Supervisor:
                 nodes = self.slurm.job_nodes()
                 started = self.slurm.warm(nodes, self.command)
                 self.journal("standby", attempt=attempt, started=started, nodes=nodes)
+            if watch is not None and stall is None and self.clock() >= look_at:
+                look_at = self.clock() + LOOK_EVERY_S
+                stall = self._stalled(watch, attempt)
+                if stall is not None:
+                    step.end()
         self._take_signals(layout, None)  # one that came as the step ended
         self.journal("step-ended", attempt=attempt, status=status)
-        return status
+        return status, stall
+
+    def _stalled(self, watch: LaunchWatch, attempt: int) -> Verdict | None:
+        """The verdict when the launch has stopped making progress (after waiting, up to
+        :attr:`stacks_wait_s`, for the node agents to take its processes' stacks); None while
+        it progresses, or once a signal asked the job to stop (that path ends it)."""
+        now = self.wall()
+        verdict = watch.look(now)
+        if not verdict.stalled or self.signalled is not None:
+            return None
+        self.journal(
+            "stalled",
+            attempt=attempt,
+            why=verdict.why,
+            idle_s=round(verdict.idle_s, 3),
+            budget_s=round(verdict.budget_s, 3),
+            step=verdict.step,
+            confident=verdict.confident,
+            culprits=[{"rank": c.rank, "node": c.node, "why": c.why} for c in verdict.culprits],
+        )
+        ranks = list(range(watch.processes))
+        deadline = self.clock() + self.stacks_wait_s
+        while (absent := missing(watch.directory, ranks, now)) and self.clock() < deadline:
+            self.sleep(POLL_S)
+        self.journal(
+            "stacks", attempt=attempt, missing=absent, folder=str(watch.directory / "stacks")
+        )
+        return verdict
 
     def _take_signals(self, layout: Layout, step: Step | None) -> None:
         """Act on the signals :meth:`forward` noted (``step``: the running launch, if any)."""

@@ -115,6 +115,11 @@ class PhaseName(StrEnum):
     of its own (``recover sbatch --spares``, ``--no-kill``), Slurm dropped the node from it and
     its supervisor relaunches training on a spare inside the allocation (detail:
     ``id@nodes`` it holds now)."""
+    left_to_job = "left-to-job"
+    """A hang of a job that recovers inside its allocation was left to the job's supervisor,
+    which watches the same progress records, ends the hung launch and relaunches it; the
+    coordinator does not requeue it (detail: the job ids). See
+    :mod:`recovery.contract.jobmark`."""
     returned_to_pool = "returned-to-pool"
     """A repaired node went back into the spare pool (detail starts with its name)."""
     job_released = "job-released"
@@ -217,6 +222,9 @@ class IncidentInfo(TypedDict, total=False):
     requeues: dict[str, RequeueNote]
     """Jobs that ended abnormally around the fault, by id, with what became of each: noted
     before each requeue request, so that a restart never requeues one run twice."""
+    supervised: list[str]
+    """Jobs left to their own supervisor (``left-to-job``): not requeued, followed as
+    recovering inside their allocation."""
     spare_rechosen: str
     """The spare the policy chose again when the decision's choice
     (:attr:`recovery.model.PromoteSpare.spare`) was gone, or the pool was empty when it

@@ -198,6 +198,9 @@ class JobInfo:
     Slurm refuses to requeue one submitted with ``--no-requeue``."""
     batch_host: str = ""
     """The node that runs (or ran) the job's batch script; "" when unknown or not started."""
+    comment: str = ""
+    """Slurm's comment field (``--comment``): ``recover sbatch`` marks its jobs there
+    (:mod:`recovery.contract.jobmark`)."""
 
     @property
     def finished(self) -> bool:

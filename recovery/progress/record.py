@@ -266,7 +266,12 @@ class ProgressWriter:
 
     def _alive_loop(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
-            with self._lock:
+            self.alive()
+
+    def alive(self) -> None:
+        """Say the process lives now (what the liveness thread does every second)."""
+        with self._lock:
+            if not self._map.closed:
                 self._fields.alive_at = self._clock()
                 self._write()
 

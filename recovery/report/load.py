@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from recovery.progress.stacks import taken_at
 from recovery.report.byhand import load_hand_run
 from recovery.report.run import RUN_FILE, RunDirError, RunRecord, load_scenario_run
 
@@ -36,14 +37,7 @@ STACKS_DIRS = ("job/progress/stacks", "progress/stacks")
 
 
 def stacks_taken(directory: Path) -> tuple[float, ...]:
-    """When the agents took each of the stacks kept under ``directory`` (the header line each
-    file begins with ends ``at <unix seconds>``), sorted; unreadable files are skipped."""
-    times = []
-    for sub in STACKS_DIRS:
-        for path in sorted((directory / sub).glob("rank*.txt")):
-            try:
-                head = path.read_text(errors="replace").split("\n", 1)[0]
-                times.append(float(head.rsplit(" at ", 1)[1]))
-            except (OSError, IndexError, ValueError):
-                continue
-    return tuple(sorted(times))
+    """When the agents took each of the stacks kept under ``directory``, sorted; unreadable
+    files are skipped."""
+    times = [taken_at(path) for sub in STACKS_DIRS for path in (directory / sub).glob("rank*.txt")]
+    return tuple(sorted(t for t in times if t is not None))

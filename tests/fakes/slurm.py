@@ -129,12 +129,19 @@ class FakeSlurm:
         )
 
     def run_job(
-        self, nodes: Sequence[str], name: str = "train", *, requeueable: bool = True
+        self,
+        nodes: Sequence[str],
+        name: str = "train",
+        *,
+        requeueable: bool = True,
+        comment: str = "",
     ) -> str:
         """A running job on ``nodes`` (requeueable unless said otherwise); returns its id."""
         job_id = str(self._next_job)
         self._next_job += 1
-        self._jobs[job_id] = JobInfo(job_id, name, "RUNNING", tuple(nodes), requeueable=requeueable)
+        self._jobs[job_id] = JobInfo(
+            job_id, name, "RUNNING", tuple(nodes), requeueable=requeueable, comment=comment
+        )
         for n in nodes:
             self.set_node(n, state="ALLOCATED")
         return job_id

@@ -13,6 +13,7 @@ import pytest
 
 from recover.render import render_incident
 from recovery.contract.exits import EXIT_DO_NOT_RESTART
+from recovery.contract.jobmark import job_comment
 from recovery.policy import BreakerConfig, PolicyConfig
 from recovery.policy.requeue import RequeueConfig
 from recovery.ports.journal import IncidentStatus, RequeueOutcome
@@ -544,3 +545,33 @@ def test_a_job_that_lost_another_node_than_its_batch_host_is_left_to_its_supervi
     rig.engine.step()
     rig.engine.step()
     assert requeues(rig) == []
+
+
+def test_a_hang_of_a_job_with_spares_is_left_to_its_supervisor(rig: Rig) -> None:
+    """rank-hang on a job that recovers inside its allocation: its supervisor relaunches it
+    (recovery/inalloc/hang.py); a requeue would throw its allocation away. A plain job on
+    the same node is requeued as before."""
+    own = rig.slurm.run_job(["n1", "n2"], comment=job_comment(in_allocation=True))
+    plain = rig.slurm.run_job(["n1"], comment=job_comment(in_allocation=False))
+    rig.send(event("n1", "rank-hang", observed_at=rig.clock.now().wall))
+    rig.engine.step()
+    assert requeues(rig) == [("requeue", plain)]
+    inc = rig.incident("n1")
+    assert inc.info["supervised"] == [own]
+    detail = {p.name.value: p.detail for p in inc.phases}
+    assert detail["left-to-job"] == f"{own}: its supervisor relaunches it inside its allocation"
+    assert rig.slurm.job(own).state == "RUNNING"
+    rig.slurm.start_job(plain, ["n1"])
+    rig.engine.step()
+    assert "in-allocation" in rig.phases("n1")
+    assert rig.incident("n1").status is IncidentStatus.closed
+
+
+def test_a_node_fault_on_a_job_with_spares_is_not_left_to_it(rig: Rig) -> None:
+    """xid94 (restart the application, node kept): the supervisor does not see it in the
+    progress records; the coordinator requeues the job as before (docs/in-allocation.md)."""
+    own = rig.slurm.run_job(["n1", "n2"], comment=job_comment(in_allocation=True))
+    rig.send(event("n1", "xid94", observed_at=rig.clock.now().wall))
+    rig.engine.step()
+    assert requeues(rig) == [("requeue", own)]
+    assert "supervised" not in rig.incident("n1").info

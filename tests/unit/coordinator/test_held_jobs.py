@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from recovery.contract.exits import EXIT_DO_NOT_RESTART, EXIT_PEER_LOST, EXIT_PREEMPTED
+from recovery.contract.jobmark import job_comment
 from recovery.coordinator.reconcile import HELD_GRACE_S, OUR_JOB_NAME, judge_held
 from recovery.ports.journal import IncidentRecord, IncidentStatus
 from recovery.ports.slurm import JobInfo
@@ -70,9 +71,7 @@ def test_a_held_run_that_asked_to_go_on_is_released_and_followed(rig: Rig, code:
         (OUR_JOB_NAME, EXIT_DO_NOT_RESTART, "asked not to be restarted (exit 93)"),
     ],
 )
-def test_other_holds_are_explained_and_left_held(
-    rig: Rig, name: str, code: int, says: str
-) -> None:
+def test_other_holds_are_explained_and_left_held(rig: Rig, name: str, code: int, says: str) -> None:
     job = rig.slurm.run_job(["n2"], name=name)
     rig.engine.step()
     rig.slurm.fail_held(job, exit_code=code)
@@ -95,6 +94,17 @@ def test_another_users_held_job_is_left_to_them(rig: Rig) -> None:
     ticks(rig, 2 * HELD_GRACE_S)
     assert held_incidents(rig) == []
     assert rig.slurm.job(job).requeue_held
+
+
+def test_a_held_job_of_ours_under_another_name_is_released(rig: Rig) -> None:
+    """``recover sbatch --job-name mine``: the comment's mark says it is ours."""
+    job = rig.slurm.run_job(["n2"], name="mine", comment=job_comment(in_allocation=False))
+    rig.engine.step()
+    rig.slurm.fail_held(job, exit_code=EXIT_PREEMPTED)
+    ticks(rig, HELD_GRACE_S + 2)
+    (inc,) = held_incidents(rig)
+    assert ("release", job) in rig.slurm.updates()
+    assert inc.jobs == (job,)
 
 
 def test_a_held_job_a_nodes_fault_claims_is_left_to_that_incident(rig: Rig) -> None:

@@ -53,3 +53,20 @@ def test_a_job_that_lost_its_batch_host_is_not_recovered_in_its_allocation() -> 
     assert not progress.resolved
     elsewhere = JobInfo("7", "recover-train", "RUNNING", nodes=("n1", "n2"), batch_host="n1")
     assert follow_jobs(_incident("7"), {"7": elsewhere}).resolved
+
+
+def test_a_job_left_to_its_supervisor_is_in_allocation_on_the_same_nodes() -> None:
+    """A hang the job's supervisor relaunches itself (recovery/inalloc/hang.py): the job keeps
+    the node and its restart count."""
+    incident = _incident("7")
+    incident = IncidentRecord(**{**incident.__dict__, "info": IncidentInfo(
+        job_restarts={"7": 0}, supervised=["7"])})  # fmt: skip
+    job = JobInfo("7", "recover-train", "RUNNING", nodes=("n1", "n3"))
+    progress = follow_jobs(incident, {"7": job})
+    assert progress.phases == ((PhaseName.in_allocation, "7@n1,n3"),)
+    assert progress.resolved
+    # Requeued after all (its supervisor's budget spent): followed as any requeued job.
+    again = JobInfo("7", "recover-train", "RUNNING", nodes=("n1", "n3"), restart_count=1)
+    assert [n for n, _ in follow_jobs(incident, {"7": again}).phases] == [
+        PhaseName.jobs_requeued, PhaseName.job_running,
+    ]  # fmt: skip

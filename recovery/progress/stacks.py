@@ -1,0 +1,57 @@
+"""Where a stalled job's stacks are kept, and how: one text file per process,
+``<progress dir>/stacks/rank<r>.txt``, whose first line names the process and ends with
+``at <Unix seconds>``, when they were taken. The node agents write them (they can read a
+process's stacks on their own node); the job's supervisor waits for them before it ends a
+stalled launch, and the report marks when they were taken."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recovery.progress.record import Record
+
+#: The folder under the progress directory.
+STACKS = "stacks"
+#: Stacks taken this long before a stall was judged are still its own: each agent judges the
+#: job on its own, about once a second, so theirs come within a second or two of each other.
+SAME_STALL_S = 10.0
+
+
+def stacks_path(directory: Path, rank: int) -> Path:
+    """Process ``rank``'s stacks file under the progress ``directory``."""
+    return directory / STACKS / f"rank{rank}.txt"
+
+
+def write_stacks(directory: Path, rec: Record, text: str, at: float) -> Path:
+    """Keep ``text`` (the stacks of ``rec``'s process, taken at ``at``) beside the records.
+
+    Raises OSError when the folder cannot be written."""
+    path = stacks_path(directory, rec.rank)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(
+        f"rank {rec.rank} pid {rec.pid} on {rec.node}, step {rec.step_finished}, "
+        f"phase {rec.phase.name}, at {at:.3f}\n{text}\n"
+    )
+    return path
+
+
+def taken_at(path: Path) -> float | None:
+    """When the stacks in ``path`` were taken; None when it is missing or not such a file."""
+    try:
+        with path.open(errors="replace") as f:
+            head = f.readline()
+        return float(head.rsplit(" at ", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def fresh(directory: Path, rank: int, since: float) -> bool:
+    """Process ``rank``'s stacks were taken for the stall judged at ``since`` (at most
+    :data:`SAME_STALL_S` before it)."""
+    at = taken_at(stacks_path(directory, rank))
+    return at is not None and at >= since - SAME_STALL_S
+
+
+def missing(directory: Path, ranks: list[int], since: float) -> list[int]:
+    """Of ``ranks``, those with no stacks taken for the stall judged at ``since``."""
+    return [r for r in ranks if not fresh(directory, r, since)]
