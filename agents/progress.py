@@ -34,7 +34,7 @@ from agents.stacks import capture
 from recovery.model import HealthEvent, Source
 from recovery.ports.clock import Clock
 from recovery.proc import alive
-from recovery.progress import Budgets, Record, StallWatch, Verdict, read_records
+from recovery.progress import Budgets, Record, StallWatch, Verdict, job_budgets, read_records
 from recovery.progress.registry import Entry, entries
 from recovery.progress.stacks import STACKS, missing, write_stacks
 
@@ -118,7 +118,10 @@ class ProgressSource:
         key = tuple(sorted((r, rec.pid) for r, rec in records.items()))
         job = self._jobs.get(directory)
         if job is None or job.key != key:
-            job = self._jobs[directory] = _Job(key, StallWatch(self.budgets))
+            budgets, error = job_budgets(directory, self.budgets)
+            if error is not None:
+                self._log(f"agent {self.node}: {error}")
+            job = self._jobs[directory] = _Job(key, StallWatch(budgets))
         now = self.clock.now().wall
         verdict = job.watch.observe(records, now)
         if not verdict.stalled:

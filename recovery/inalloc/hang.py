@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recovery.progress import Budgets, Record, StallWatch, Verdict, read_records
+from recovery.progress import Budgets, Record, StallWatch, Verdict, job_budgets, read_records
 
 #: Seconds a node's clock may be behind the batch host's for its records still to count.
 CLOCK_SLACK_S = 1.0
@@ -36,10 +36,10 @@ class LaunchWatch:
     launched_at: float
     """When the launch began (Unix seconds, the batch host's clock)."""
     budgets: Budgets = field(default_factory=Budgets)
-    _watch: StallWatch = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._watch = StallWatch(self.budgets)
+    """The defaults; the job's own (``budgets.json`` beside the records) go over them."""
+    error: str | None = None
+    """Why the job's own budgets were not taken, when they were there and could not be."""
+    _watch: StallWatch | None = None
 
     def records(self) -> dict[int, Record]:
         """The launch's own records, by rank (missing ones: not written yet)."""
@@ -54,4 +54,10 @@ class LaunchWatch:
 
     def look(self, now: float) -> Verdict:
         """The launch's state at ``now`` (Unix seconds)."""
-        return self._watch.observe(self.records(), now)
+        records = self.records()
+        if self._watch is None:
+            if 0 not in records:  # it keeps the job's budgets before its record
+                return Verdict("unwatched", "process 0 of the launch has not reported yet")
+            budgets, self.error = job_budgets(self.directory, self.budgets)
+            self._watch = StallWatch(budgets)
+        return self._watch.observe(records, now)

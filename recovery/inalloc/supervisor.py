@@ -311,7 +311,10 @@ class Supervisor:
         :attr:`stacks_wait_s`, for the node agents to take its processes' stacks); None while
         it progresses, or once a signal asked the job to stop (that path ends it)."""
         now = self.wall()
+        had = watch.error
         verdict = watch.look(now)
+        if watch.error is not None and watch.error != had:
+            self.journal("budgets-refused", attempt=attempt, error=watch.error)
         if not verdict.stalled or self.signalled is not None:
             return None
         self.journal(

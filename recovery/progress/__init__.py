@@ -14,9 +14,19 @@ from recovery.progress.record import (
     read_records,
     record_path,
 )
-from recovery.progress.stall import Budgets, Culprit, StallWatch, Verdict, attribute
+from recovery.progress.stall import (
+    BUDGET_KEYS,
+    Budgets,
+    Culprit,
+    StallWatch,
+    Verdict,
+    attribute,
+    job_budgets,
+    write_job_budgets,
+)
 
 __all__ = [
+    "BUDGET_KEYS",
     "PHASES",
     "Budgets",
     "Culprit",
@@ -27,8 +37,10 @@ __all__ = [
     "StallWatch",
     "Verdict",
     "attribute",
+    "job_budgets",
     "phase_named",
     "read_record",
     "read_records",
     "record_path",
+    "write_job_budgets",
 ]

@@ -22,14 +22,18 @@ Who is to blame, when stalled (:func:`attribute`):
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
-from recovery.errors import UsageError
-from recovery.progress.record import Phase, Record
+from recovery.errors import UsageError, unknown_choice
+from recovery.progress.record import PHASES, Phase, Record
 
 #: Seconds a step loop may always go without a finished step.
 FLOOR_S = 5.0
@@ -53,6 +57,10 @@ PHASE_BUDGETS_S: Mapping[Phase, float] = MappingProxyType(
 FROZEN_AFTER_S = 5.0
 #: Recent per-step times kept for the p99.
 WINDOW = 200
+#: A job's own thresholds, beside its records (:func:`write_job_budgets`).
+BUDGETS_FILE = "budgets.json"
+#: The keys a job may set there (``phases_s``: seconds by phase name).
+BUDGET_KEYS = ("floor_s", "factor", "learn_after", "unlearned_s", "frozen_after_s", "phases_s")
 
 
 @dataclass(frozen=True)
@@ -78,10 +86,80 @@ class Budgets:
                 f"(got {self.learn_after} and {self.window})"
             )
 
+    def overridden(self, changes: Mapping[str, Any], where: str = "stall budgets") -> Budgets:
+        """These budgets with ``changes`` (keys of :data:`BUDGET_KEYS`; ``phases_s`` maps
+        phase names to seconds and is merged into the phases' budgets). UsageError, naming
+        ``where`` and what is valid, for an unknown key, phase or a value out of range."""
+        if not isinstance(changes, Mapping):
+            raise UsageError(f"{where}: expected a mapping of {', '.join(BUDGET_KEYS)}")
+        out: dict[str, Any] = {}
+        for key, value in changes.items():
+            if key not in BUDGET_KEYS:
+                raise unknown_choice(f"{where}: key", key, BUDGET_KEYS)
+            if key == "phases_s":
+                out[key] = MappingProxyType({**self.phases_s, **_phases(value, where)})
+            elif key == "learn_after":
+                out[key] = _number(value, f"{where}: {key}", integer=True)
+            else:
+                out[key] = _number(value, f"{where}: {key}")
+        return replace(self, **out)
+
     def phase_s(self, record: Record) -> float:
         if record.phase_budget_s > 0:
             return record.phase_budget_s
         return self.phases_s.get(record.phase, self.unlearned_s)
+
+
+def _number(value: Any, where: str, *, integer: bool = False) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(f"{where}: expected a number (got {value!r})")
+    if integer and not float(value).is_integer():
+        raise UsageError(f"{where}: expected a whole number (got {value!r})")
+    return int(value) if integer else float(value)
+
+
+def _phases(value: Any, where: str) -> dict[Phase, float]:
+    if not isinstance(value, Mapping):
+        raise UsageError(f"{where}: phases_s: expected phase: seconds (got {value!r})")
+    out = {}
+    for name, seconds in value.items():
+        if name not in PHASES or name in ("steps", "done"):
+            valid = [n for n in PHASES if n not in ("steps", "done")]
+            raise unknown_choice(f"{where}: phases_s: phase", name, valid)
+        budget = _number(seconds, f"{where}: phases_s: {name}")
+        if not budget > 0:
+            raise UsageError(f"{where}: phases_s: {name} must be > 0 seconds (got {seconds!r})")
+        out[PHASES[name]] = budget
+    return out
+
+
+def write_job_budgets(directory: Path, changes: Mapping[str, Any]) -> Budgets:
+    """Keep a job's own thresholds beside its records, for every watcher (the node agents,
+    the job's supervisor) to judge it by; the budgets they give. Checked first (UsageError
+    naming what is wrong); written whole beside the file and renamed into place."""
+    budgets = Budgets().overridden(changes)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / BUDGETS_FILE
+    tmp = path.with_name(f".{BUDGETS_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(dict(changes), sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return budgets
+
+
+def job_budgets(directory: Path, base: Budgets) -> tuple[Budgets, str | None]:
+    """``base`` with the job's own thresholds (:func:`write_job_budgets`) over it, and why
+    they were not taken when the file is there but cannot be (None otherwise)."""
+    path = directory / BUDGETS_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return base, None
+    except OSError as e:
+        return base, f"cannot read {path}: {e}"
+    try:
+        return base.overridden(json.loads(text), str(path)), None
+    except (ValueError, UsageError) as e:
+        return base, f"{path}: {e}; judged by the defaults"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import pytest
 from recovery.inalloc.decide import Finish, Relaunch, Requeue, after_hang, first_layout
 from recovery.inalloc.hang import LaunchWatch
 from recovery.inalloc.supervisor import Supervisor, SupervisorJournal
-from recovery.progress import Budgets, Phase, ProgressWriter
+from recovery.progress import Budgets, Phase, ProgressWriter, write_job_budgets
 from recovery.progress.stacks import stacks_path
 
 #: Learned after one step: the tests need not train long to be judged.
@@ -277,13 +277,14 @@ def test_without_a_progress_folder_a_hung_launch_is_left_alone(tmp_path: Path) -
 def test_records_of_an_ended_launch_do_not_count(tmp_path: Path) -> None:
     wall = Wall()
     directory = tmp_path / "progress"
-    old = ProgressWriter(directory, rank=0, size=2, node="n2", clock=wall)
+    old = ProgressWriter(directory, rank=1, size=2, node="n3", clock=wall)
     old.step_finished(7)
     wall.now += 30.0
     watch = LaunchWatch(directory, 2, launched_at=wall.now, budgets=BUDGETS)
     assert watch.records() == {}
-    new = ProgressWriter(directory, rank=1, size=2, node="n3", clock=wall)
-    assert list(watch.records()) == [1]
+    assert watch.look(wall.now + 100).state == "unwatched"
+    new = ProgressWriter(directory, rank=0, size=2, node="n2", clock=wall)
+    assert list(watch.records()) == [0]
     assert watch.look(wall.now + 100).state == "running"  # its first step has the start-up budget
     new.close()
     old.close()
@@ -314,3 +315,31 @@ def test_after_hang_rules() -> None:
     assert isinstance(nospare, Relaunch)
     assert nospare.release == ()
     assert "no spare is left" in nospare.why
+
+
+def test_the_jobs_own_budgets_are_taken(tmp_path: Path) -> None:
+    """A job that allows 60 s without a step (``budgets.json``, written by process 0 through
+    ``open_progress(budgets=...)``) is judged after 60 s, not the default 5 s."""
+    job = _job(tmp_path, [10, None])
+    write_job_budgets(job.directory, {"floor_s": 60.0})
+    decision, journal = _supervise(job, tmp_path)
+    assert decision == Finish(0, "the training step completed")
+    (stalled,) = _events(journal, "stalled")
+    assert 60.0 <= float(stalled["idle_s"]) <= 61.0  # type: ignore[arg-type]
+    assert stalled["budget_s"] == 60.0
+    assert not _events(journal, "budgets-refused")
+
+
+def test_budgets_that_cannot_be_taken_are_journaled_and_the_defaults_judge(
+    tmp_path: Path,
+) -> None:
+    job = _job(tmp_path, [10, None])
+    job.directory.mkdir(parents=True)
+    (job.directory / "budgets.json").write_text('{"flor_s": 60}')
+    decision, journal = _supervise(job, tmp_path)
+    assert decision == Finish(0, "the training step completed")
+    refused, again = _events(journal, "budgets-refused")  # once for each launch
+    assert again["attempt"] == 1
+    assert "Unknown" in str(refused["error"])
+    assert "flor_s" in str(refused["error"])
+    assert float(_events(journal, "stalled")[0]["idle_s"]) < 6.0  # type: ignore[arg-type]
