@@ -13,10 +13,13 @@ run's report (``report.json``, the incident's marks) it takes:
 * **noticed**: the fault -> the coordinator decided on the agent's report (rank-hang /
   rank-frozen), the time a hang costs before anything happens;
 * **training again**: the fault -> the job's first step after the restart;
+* **restart**: noticed -> training again (in-allocation: the supervisor ending the stalled
+  launch after the stacks and relaunching it on the standbys; requeue: the requeue);
 * **steps recomputed**.
 
-Printed: p50 and the worst run of each, against the targets (issue 27, requeue path on Slurm
-25.11: noticed p50 <= 10 s, training again <= 20 s); and whether every run passed its
+Printed: p50 and the worst run of each, against the targets (issue 27: noticed p50 <= 10 s;
+training again <= 20 s on the requeue path on Slurm 25.11, <= 5 s with ``--mode
+in-allocation``); and whether every run passed its
 scenario's expectations (the culprit named, the job completing with the control's digest).
 Needs root (the local cluster runs as root).
 """
@@ -32,7 +35,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TARGETS = {"noticed_s": 10.0, "training_again_s": 20.0}
+#: The issue's targets by path: hang -> training again <= 20 s on the requeue path (25.11),
+#: <= 5 s in-allocation (where the step-loop budget alone is 5 s: see benchmarks/README.md).
+TARGETS = {
+    "requeue": {"noticed_s": 10.0, "training_again_s": 20.0},
+    "in-allocation": {"noticed_s": 10.0, "training_again_s": 5.0},
+}
 SCENARIOS = ("main-thread-hang", "process-freeze")
 
 
@@ -56,6 +64,11 @@ def one_run(name: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         node=inc.get("node"),
         noticed_s=marks["decided"] - fault if "decided" in marks else None,
         training_again_s=marks["first_step"] - fault if "first_step" in marks else None,
+        restart_s=(
+            marks["first_step"] - marks["decided"]
+            if "first_step" in marks and "decided" in marks
+            else None
+        ),
         steps_recomputed=inc.get("steps_recomputed"),
     )
     return row
@@ -91,14 +104,17 @@ def main(argv: list[str] | None = None) -> int:
         passed = sum(r["passed"] for r in mine)
         print(f"{name}: {passed}/{len(mine)} passed its expectations; culprits "
               f"{sorted({(r.get('fault'), r.get('node')) for r in mine}, key=str)}")  # fmt: skip
-        for key, target in TARGETS.items():
+        for key, target in TARGETS[args.mode].items():
             values = [r[key] for r in mine if r.get(key) is not None]
             ratio = f"{statistics.median(values) / target:.2f}x the target" if values else ""
             print(f"  {key:<17} {_summary(values)}   target p50 <= {target:g} s  {ratio}")
+        restart = [r["restart_s"] for r in mine if r.get("restart_s") is not None]
+        print(f"  {'restart_s':<17} {_summary(restart)}   (noticed -> training again)")
         steps = [r["steps_recomputed"] for r in mine if r.get("steps_recomputed") is not None]
         print(f"  steps recomputed  {steps}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "targets": TARGETS}, indent=2))
+        targets = TARGETS[args.mode]
+        args.json.write_text(json.dumps({"rows": rows, "targets": targets}, indent=2))
     return 0
 
 
