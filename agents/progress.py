@@ -17,6 +17,10 @@ reports at most one event per stall:
 * ``job-hang``: nobody can be named; reported by the agent of the job's lowest rank only, so
   that one event says it.
 
+While the job progresses, a :class:`~recovery.progress.straggler.StragglerWatch` per job
+compares its processes' own work per step: the agent of a process persistently slower than
+its peers reports ``node-slow`` once per launch, with the slowdown and what it cost so far.
+
 Nothing is reported for a process that is gone (its death is reported otherwise: its peers
 stop, Slurm ends the step) nor for a job whose processes all ended cleanly.
 """
@@ -27,7 +31,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.stacks import capture
@@ -37,6 +41,7 @@ from recovery.proc import alive
 from recovery.progress import Budgets, Record, StallWatch, Verdict, job_budgets, read_records
 from recovery.progress.registry import Entry, entries
 from recovery.progress.stacks import STACKS, missing, write_stacks
+from recovery.progress.straggler import Straggler, StragglerWatch
 
 Log = Callable[[str], None]
 INTERVAL_S = 1.0
@@ -54,6 +59,9 @@ class _Job:
     """(rank, pid) of the records the watch was built on: a relaunch starts a new watch."""
     watch: StallWatch
     reported: bool = False
+    straggler: StragglerWatch = field(default_factory=StragglerWatch)
+    slow_reported: bool = False
+    """A straggler is reported once per launch."""
 
 
 class ProgressSource:
@@ -126,7 +134,7 @@ class ProgressSource:
         verdict = job.watch.observe(records, now)
         if not verdict.stalled:
             job.reported = False
-            return None
+            return self._straggler(directory, mine[0].job, job, records, here, now)
         if job.reported:
             return None
         job.reported = True
@@ -141,6 +149,43 @@ class ProgressSource:
                             f"{STACKS_WAIT_S:g} s)"}
                 )  # fmt: skip
         return event
+
+    def _straggler(
+        self,
+        directory: Path,
+        slurm_job: str,
+        job: _Job,
+        records: dict[int, Record],
+        here: dict[int, Record],
+        now: float,
+    ) -> HealthEvent | None:
+        """``node-slow`` when the job's straggler runs here (once per launch)."""
+        found = job.straggler.observe(records)
+        if found is None or job.slow_reported or found.rank not in here:
+            return None
+        if found.node != self.node:
+            return None
+        job.slow_reported = True
+        name = f"job {slurm_job}" if slurm_job else f"the job in {directory}"
+        return self._slow_event(name, found, records, now)
+
+    def _slow_event(
+        self, job: str, found: Straggler, records: dict[int, Record], now: float
+    ) -> HealthEvent:
+        message = f"{job}: {found.describe()} (at step {found.step})"
+        digest = hashlib.sha256(
+            f"slow|{sorted(r.pid for r in records.values())}|{found.rank}".encode()
+        ).hexdigest()[:16]
+        self._log(f"agent {self.node}: node-slow: {message[:300]}")
+        return HealthEvent(
+            id=f"{self.node}-slow-{digest}",
+            node=self.node,
+            source=Source.progress,
+            fault="node-slow",
+            observed_at=now,
+            message=message[:2048],
+            agent_version=self._version,
+        )
 
     def _await_stacks(self, directory: Path, records: dict[int, Record], since: float) -> list[int]:
         """Wait (at most :data:`STACKS_WAIT_S`) until every process of the job has stacks

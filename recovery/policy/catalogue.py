@@ -37,7 +37,15 @@ SXID_RE = re.compile(r"^sxid(0|[1-9][0-9]{0,5})$")
 _E = TypeVar("_E", bound=StrEnum)
 
 _REQUIRED = ("title", "severity", "verdict", "says")
-_OPTIONAL = ("can_save", "kills_work", "companions", "with_companion", "follows", "job_fault")
+_OPTIONAL = (
+    "can_save",
+    "kills_work",
+    "companions",
+    "with_companion",
+    "follows",
+    "job_fault",
+    "incident",
+)
 
 
 class Severity(StrEnum):
@@ -63,7 +71,9 @@ class FaultSpec:
     ``with_companion`` the verdict when one was seen within it (None: ``verdict``);
     ``follows`` marks a fault that is only ever a consequence of another one; ``job_fault``
     one that is usually the job's own doing (its crash): it never takes the node out on its
-    own account (no escalation) and never counts as a failure of the node.
+    own account (no escalation) and never counts as a failure of the node. ``incident``: an
+    ``observe`` verdict that still opens an incident (a slow node: tracked and shown with what
+    it costs, no action, not counted as a failure); a policy file's verdict for it acts.
     """
 
     code: str
@@ -77,6 +87,7 @@ class FaultSpec:
     with_companion: Verdict | None = None
     follows: bool = False
     job_fault: bool = False
+    incident: bool = False
 
 
 #: The SXid default of a catalogue file that has no ``default_sxid`` (older files).
@@ -201,6 +212,7 @@ def _entry(code: str, raw: Any, where: str) -> FaultSpec:
         ),
         follows=boolean(data.get("follows", False), f"{where}: field 'follows'"),
         job_fault=boolean(data.get("job_fault", False), f"{where}: field 'job_fault'"),
+        incident=boolean(data.get("incident", False), f"{where}: field 'incident'"),
     )
 
 

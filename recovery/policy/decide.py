@@ -12,7 +12,9 @@ Pure: no clock, no I/O. The order of the rules, each explained in the decision's
    only what its worse verdict adds. An
    agent's summary of folded repeats (``count`` > 1) joins the node's last incident when that
    holds its fault, however late it comes: one burst of lines is one episode;
-4. otherwise a follower alone, an ignore verdict and an observe verdict open nothing;
+4. otherwise a follower alone, an ignore verdict and an observe verdict open nothing, except
+   an observe verdict the catalogue marks ``incident`` (a slow node): a report-only incident,
+   no action, never escalated, not a failure of the node;
 5. otherwise a new incident opens; a failure within the escalation window of the last one
    escalates its verdict one step, and a flapping node is replaced. Escalation and flapping
    count incidents (episodes), never lines; and a fault that is usually the job's own doing
@@ -165,6 +167,8 @@ def decide(
         return ctx.decision(
             Verdict.ignore, f"{why}; alone (no open incident on the node) it is ignored"
         )
+    if verdict is Verdict.observe and spec.incident:
+        return _open_report(ctx, spec, verdict, why)
     if verdict in (Verdict.ignore, Verdict.observe):
         return ctx.decision(verdict, why)
     return _open(ctx, spec, verdict, why, ns)
@@ -322,6 +326,14 @@ def _open_job_fault(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str) -> D
     return ctx.decision(
         verdict, why, incident=inc, opens=True, actions=actions, held=held, node_failure=False
     )
+
+
+def _open_report(ctx: _Ctx, spec: FaultSpec, verdict: Verdict, why: str) -> Decision:
+    """A new incident that only reports (the catalogue's ``incident`` with an observe verdict:
+    a slow node): no action, never escalated, not counted as a failure of the node."""
+    why += "; an incident to track and show, with no action (a policy verdict for it acts)"
+    inc = incident_id(ctx.event.id)
+    return ctx.decision(verdict, why, incident=inc, opens=True, node_failure=False)
 
 
 def _breaker(ctx: _Ctx, verdict: Verdict, why: str, inc: Incident | None) -> tuple[bool, str]:

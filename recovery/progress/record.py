@@ -10,6 +10,9 @@ Layout (``RECORD_SIZE`` bytes, little-endian; :data:`_LAYOUT`)::
     step_started_at f64 | step_finished_at f64 | last_step_s f64 | alive_at f64 (Unix s)
                                         (last_step_s: previous step's end to the last one's,
                                          less the announced phases between them)
+    compute_total_s f64 | compute_steps i64     (the process's own share of the work, summed
+                                         over the steps that reported it: waits for peers
+                                         left out; a slow node shows here)
     node 64 bytes (UTF-8, NUL padded)
 
 A reader copies the bytes and keeps them only when ``seq`` was even and unchanged around the
@@ -39,8 +42,8 @@ from recovery.errors import UsageError, unknown_choice
 from recovery.progress.registry import register
 
 MAGIC = b"RPRG"
-VERSION = 1
-_LAYOUT = struct.Struct("<4sHHQIiiB7xqqdddddd64s")
+VERSION = 2
+_LAYOUT = struct.Struct("<4sHHQIiiB7xqqdddddddq64s")
 RECORD_SIZE = _LAYOUT.size
 _SEQ = struct.Struct("<Q")
 _SEQ_AT = 8
@@ -103,6 +106,10 @@ class Record:
     phases in between (0: not known yet)."""
     alive_at: float
     """When the process's own thread last said it lives (every :data:`ALIVE_EVERY_S`)."""
+    compute_total_s: float = 0.0
+    """Seconds of the process's own work (no waiting for its peers), summed over
+    :attr:`compute_steps` steps; a watcher takes the mean over a window by differences."""
+    compute_steps: int = 0
 
     @property
     def in_step(self) -> bool:
@@ -131,6 +138,8 @@ class _Fields:
     step_finished_at: float = 0.0
     last_step_s: float = 0.0
     alive_at: float = 0.0
+    compute_total_s: float = 0.0
+    compute_steps: int = 0
 
 
 class ProgressWriter:
@@ -203,10 +212,16 @@ class ProgressWriter:
                 f.phase_budget_s = 0.0
             self._write()
 
-    def step_finished(self, step: int) -> None:
+    def step_finished(self, step: int, compute_s: float | None = None) -> None:
+        """Step ``step``'s update finished. ``compute_s``: the seconds of it that were this
+        process's own work, without waiting for its peers (a loop that can tell them apart:
+        ``recover train`` with several processes), which lets a watcher find a slow node."""
         with self._lock:
             f = self._fields
             now = self._clock()
+            if compute_s is not None and compute_s >= 0:
+                f.compute_total_s += compute_s
+                f.compute_steps += 1
             before = f.step_finished_at
             if before and f.step_finished == step - 1:
                 f.last_step_s = max(0.0, now - before - self._in_phases)
@@ -303,7 +318,7 @@ class ProgressWriter:
             self._buf, 0, MAGIC, VERSION, 0, self._seq - 1, f.pid, f.rank, f.size,
             int(f.phase), f.step_started, f.step_finished, f.phase_since,
             f.phase_budget_s, f.step_started_at, f.step_finished_at,
-            f.last_step_s, f.alive_at, self._node,
+            f.last_step_s, f.alive_at, f.compute_total_s, f.compute_steps, self._node,
         )  # fmt: skip
         self._map[:] = self._buf
         _SEQ.pack_into(self._map, _SEQ_AT, self._seq)
@@ -319,7 +334,8 @@ def parse(data: bytes) -> Record:
     if len(data) < RECORD_SIZE:
         raise RecordError(f"{len(data)} bytes, a record has {RECORD_SIZE}")
     (magic, version, _flags, seq, pid, rank, size, phase, started, finished, since, budget,
-     started_at, finished_at, last_s, alive, node) = _LAYOUT.unpack_from(data)  # fmt: skip
+     started_at, finished_at, last_s, alive, compute_total, compute_steps,
+     node) = _LAYOUT.unpack_from(data)  # fmt: skip
     if magic != MAGIC:
         raise RecordError(f"not a progress record (magic {magic!r})")
     if version != VERSION:
@@ -334,7 +350,8 @@ def parse(data: bytes) -> Record:
         pid=pid, rank=rank, size=size, node=node.rstrip(b"\0").decode(errors="replace"),
         phase=named, phase_since=since, phase_budget_s=budget, step_started=started,
         step_finished=finished, step_started_at=started_at, step_finished_at=finished_at,
-        last_step_s=last_s, alive_at=alive,
+        last_step_s=last_s, alive_at=alive, compute_total_s=compute_total,
+        compute_steps=compute_steps,
     )  # fmt: skip
 
 

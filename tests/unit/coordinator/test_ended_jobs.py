@@ -575,3 +575,17 @@ def test_a_node_fault_on_a_job_with_spares_is_not_left_to_it(rig: Rig) -> None:
     rig.engine.step()
     assert requeues(rig) == [("requeue", own)]
     assert "supervised" not in rig.incident("n1").info
+
+
+def test_a_slow_node_is_an_incident_with_no_action_open_while_its_job_runs(rig: Rig) -> None:
+    job = rig.slurm.run_job(["n1", "n2"])
+    rig.send(event("n2", "node-slow", observed_at=rig.clock.now().wall))
+    rig.engine.step()
+    inc = rig.incident("n2")
+    assert (inc.verdict, inc.actions, inc.jobs) == ("observe", (), (job,))
+    assert rig.slurm.updates() == []  # reported, nothing done to the node or the job
+    assert rig.slurm.node("n2").in_service
+    assert inc.status is IncidentStatus.open  # the job still waits for it every step
+    rig.slurm.finish_job(job)
+    rig.engine.step()
+    assert rig.incident("n2").status is IncidentStatus.closed

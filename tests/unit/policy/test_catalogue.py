@@ -3,6 +3,7 @@ actions decide plans for it on a healthy node; and the loader's errors on malfor
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import yaml
 
 from recovery.errors import UsageError
 from recovery.model import Drain, PromoteSpare, RequeueJobs, SaveThenRequeue, TakeDown, Verdict
-from recovery.policy import Catalogue, PolicyFileError, Severity, load_catalogue
+from recovery.policy import Catalogue, PolicyConfig, PolicyFileError, Severity, load_catalogue
 
 from .helpers import Run
 
@@ -26,7 +27,7 @@ EXPECTED: dict[str, Verdict] = {
     "xid143": D, "xid144": IG, "xid145": IG, "xid146": IG, "xid147": IG, "xid148": IG, "xid149": IG,
     "xid150": IG, "xid154": IG, "gpu-lost": X, "ecc-uncorrected": D, "row-remap-failure": X,
     "tpu-runtime-error": R, "tpu-runtime-gone": R, "node-unreachable": X, "heartbeat-lost": IG,
-    "gpu-reset-required": D, "rank-hang": R, "rank-frozen": R, "job-hang": R,
+    "gpu-reset-required": D, "rank-hang": R, "rank-frozen": R, "job-hang": R, "node-slow": OB,
 }  # fmt: skip
 # NVSwitch SXids the Fabric Manager guide calls potentially fatal (reset GPUs and switches)
 # and always fatal (restart the host); both as reported Fatal.
@@ -39,10 +40,13 @@ SXID_RESET = [
 SXID_HOST = [12020, 22003, 22011, *range(23001, 23018)]
 EXPECTED |= {f"sxid{n}": D for n in SXID_RESET} | {f"sxid{n}": X for n in SXID_HOST}
 JOB_FAULTS = {"xid13", "xid31", "xid43", "xid45", "job-hang"}
+#: Observed, and still an incident: tracked and shown, with no action.
+REPORTED = {"node-slow"}
 
 # Action kinds per fault class on a healthy node, in order.
 PLANS = {
     IG: [],
+    OB: [],
     R: [RequeueJobs],
     D: [Drain, SaveThenRequeue, PromoteSpare],
     X: [TakeDown, PromoteSpare],
@@ -56,7 +60,7 @@ NO_SAVE = {"xid79", "gpu-lost", "node-unreachable", "gpu-reset-required"} | {
 
 def test_catalogue_lists_exactly_the_expected_faults(catalogue: Catalogue) -> None:
     assert sorted(catalogue.known()) == sorted(EXPECTED)
-    assert catalogue.version == "2026.12.3"
+    assert catalogue.version == "2026.12.4"
     assert {c for c in catalogue.known() if catalogue.spec(c).job_fault} == JOB_FAULTS
 
 
@@ -77,9 +81,10 @@ def test_every_entry_has_its_verdict_and_plan(
     plan = [TakeDown, PromoteSpare] if verdict is D and not spec.can_save else PLANS[verdict]
     assert [type(a) for a in d.actions] == plan
     assert all(a.node == "n1" for a in d.actions)
-    assert d.opens is (verdict not in (IG, OB))
-    if d.opens:  # a job's crash is no failure of its nodes
-        assert d.node_failure is (fault not in JOB_FAULTS)
+    # Observed faults open nothing, except those tracked as report-only incidents.
+    assert d.opens is (verdict not in (IG, OB) or fault in REPORTED)
+    if d.opens:  # a job's crash is no failure of its nodes, nor a report
+        assert d.node_failure is (fault not in JOB_FAULTS | REPORTED)
     assert d.policy_version.startswith(catalogue.version)
     for a in d.actions:
         if isinstance(a, TakeDown | Drain):
@@ -194,3 +199,15 @@ def test_a_custom_catalogue_loads(tmp_path: Path) -> None:
     assert cat.version == "t1"
     assert cat.known() == ["xid1", "xid2"]
     assert cat.spec("xid2").companions == {"xid1"}
+
+
+def test_a_slow_node_is_reported_never_escalated_and_a_policy_verdict_acts(
+    catalogue: Catalogue, run: Run
+) -> None:
+    first = run.send("node-slow")
+    assert (first.opens, first.actions, first.node_failure) == (True, (), False)
+    again = run.send("xid94", at=10.0)  # a failure of the node within the escalation window
+    assert (again.verdict, again.escalated_from) == (Verdict.restart_app, None)  # none before
+    config = replace(PolicyConfig.default(), verdicts={"node-slow": Verdict.drain_reset})
+    acted = Run(catalogue, config).send("node-slow")
+    assert [type(a) for a in acted.actions] == [Drain, SaveThenRequeue, PromoteSpare]

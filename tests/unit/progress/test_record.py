@@ -153,7 +153,14 @@ def test_a_reader_never_sees_a_torn_record(tmp_path: Path) -> None:
     seen = -1
     reads = 0
     while proc.is_alive() or reads == 0:
-        rec = read_record(record_path(tmp_path, 0))
+        try:
+            rec = read_record(record_path(tmp_path, 0))
+        except RecordError as e:
+            # A writer that never pauses can outrun every retry on a loaded machine (a real
+            # loop writes once a step): the reader gives up rather than return a torn copy.
+            if "changed while read" not in str(e):
+                raise
+            continue
         assert rec.step_finished >= seen
         assert rec.step_started in (rec.step_finished, rec.step_finished + 1)
         seen = rec.step_finished
@@ -161,3 +168,13 @@ def test_a_reader_never_sees_a_torn_record(tmp_path: Path) -> None:
     proc.join()
     assert proc.exitcode == 0
     assert read_record(record_path(tmp_path, 0)).step_finished == 200_000
+
+
+def test_the_work_of_each_step_is_summed_for_the_straggler_rule(tmp_path: Path) -> None:
+    w = ProgressWriter(tmp_path, rank=1, size=2)
+    w.step_finished(1)  # a loop that cannot tell its own work from the wait: not counted
+    w.step_finished(2, compute_s=0.25)
+    w.step_finished(3, compute_s=0.5)
+    rec = read_record(record_path(tmp_path, 1))
+    assert (rec.compute_steps, rec.compute_total_s) == (2, 0.75)
+    w.close()

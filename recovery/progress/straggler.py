@@ -1,0 +1,139 @@
+"""Is one process of a job persistently slower than its peers (a slow node: fail-slow)?
+Pure: fed the processes' :class:`~recovery.progress.record.Record` s, it compares each
+process's own work per step (``compute_total_s`` over ``compute_steps``: the time it spent on
+its share of a step, its wait for the others left out) across the job.
+
+In a synchronous job every process finishes each step together, so the step time says nothing
+about who is slow; the work before the wait does. The rule, per look:
+
+* each process's work per step over its last :attr:`StragglerConfig.window_steps` steps: the
+  median of its means between successive looks (from the differences of its running totals:
+  no step is missed between looks, and a pause of a step or two does not count);
+* its ratio to the median of the others' means;
+* a process whose ratio is at least :attr:`StragglerConfig.factor`, and whose excess is at
+  least :attr:`StragglerConfig.min_excess_s` a step, on :attr:`StragglerConfig.persist`
+  looks in a row, is the job's straggler.
+
+The cost so far: the job waits for its slowest process every step, so each step since the
+straggler was first seen slow cost about its excess over the others.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from recovery.errors import UsageError
+from recovery.progress.record import Phase, Record
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    """The straggler rule's thresholds."""
+
+    factor: float = 1.5
+    """A process this many times slower than the median of its peers is slow."""
+    window_steps: int = 20
+    """Steps each mean is taken over."""
+    persist: int = 5
+    """Looks in a row it must be slow on (a moment's hiccup is not a slow node)."""
+    min_excess_s: float = 0.002
+    """Seconds a step it must be slower by: a ratio of microseconds is noise."""
+
+    def __post_init__(self) -> None:
+        if not self.factor > 1:
+            raise UsageError(f"straggler factor must be > 1 (got {self.factor!r})")
+        if self.window_steps < 2 or self.persist < 1 or self.min_excess_s < 0:
+            raise UsageError(
+                "straggler rule: window_steps >= 2, persist >= 1 and min_excess_s >= 0 "
+                f"(got {self.window_steps}, {self.persist}, {self.min_excess_s})"
+            )
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A process found persistently slower than its peers."""
+
+    rank: int
+    node: str
+    pid: int
+    step_s: float
+    """Its mean work per step over the window."""
+    peers_s: float
+    """The median of its peers' means."""
+    since_step: int
+    """The newest finished step when it was first seen slow."""
+    step: int
+    """The newest finished step now."""
+    lost_s: float
+    """Seconds the job lost to it so far: its excess a step, times the steps since."""
+
+    @property
+    def slowdown(self) -> float:
+        return self.step_s / self.peers_s if self.peers_s > 0 else float("inf")
+
+    def describe(self) -> str:
+        return (
+            f"rank {self.rank} on {self.node or '?'} does its share of a step in "
+            f"{self.step_s:.3f} s against {self.peers_s:.3f} s for its peers "
+            f"({self.slowdown:.1f}x, since step {self.since_step}); the job has lost about "
+            f"{self.lost_s:.1f} s to it so far"
+        )
+
+
+class StragglerWatch:
+    """Follows one launch of a job (its processes' records, look after look)."""
+
+    def __init__(self, config: StragglerConfig | None = None) -> None:
+        self.config = config or StragglerConfig()
+        self._history: dict[int, deque[tuple[int, float]]] = {}
+        self._slow: dict[int, tuple[int, int]] = {}
+        """Per rank seen slow: (looks in a row, the newest step when first seen)."""
+
+    def means(self, records: Mapping[int, Record]) -> dict[int, float]:
+        """Each process's work per step over the window, for those that have a full window
+        (after recording this look): the median of its means between successive looks, so
+        that a pause of a step or two (a collection, a page fault storm) does not count."""
+        out = {}
+        for rank, rec in records.items():
+            hist = self._history.setdefault(rank, deque())
+            if not hist or hist[-1][0] != rec.compute_steps:
+                hist.append((rec.compute_steps, rec.compute_total_s))
+            # Keep no more than a window behind the newest look.
+            while len(hist) > 2 and hist[-1][0] - hist[1][0] >= self.config.window_steps:
+                hist.popleft()
+            if hist[-1][0] - hist[0][0] < self.config.window_steps:
+                continue
+            pairs = list(zip(hist, list(hist)[1:], strict=False))
+            out[rank] = statistics.median((t1 - t0) / (n1 - n0) for (n0, t0), (n1, t1) in pairs)
+        return out
+
+    def observe(self, records: Mapping[int, Record]) -> Straggler | None:
+        """The job's straggler after this look at its records (by rank), if there is one."""
+        live = {r: rec for r, rec in records.items() if rec.phase is not Phase.done}
+        means = self.means(live)
+        if len(means) < 2:
+            self._slow.clear()
+            return None
+        step = max(rec.step_finished for rec in live.values())
+        found: list[Straggler] = []
+        for rank, mean in means.items():
+            peers = statistics.median(m for r, m in means.items() if r != rank)
+            slow = (
+                peers > 0
+                and mean >= self.config.factor * peers
+                and mean - peers >= self.config.min_excess_s
+            )
+            if not slow:
+                self._slow.pop(rank, None)
+                continue
+            looks, since = self._slow.get(rank, (0, step))
+            self._slow[rank] = (looks + 1, since)
+            if looks + 1 >= self.config.persist:
+                rec = live[rank]
+                lost = (mean - peers) * max(0, step - since + self.config.window_steps)
+                found.append(Straggler(rank, rec.node, rec.pid, mean, peers, since, step, lost))
+        # Several at once (a slow rack): the slowest first; the others are in its shadow.
+        return max(found, key=lambda s: s.slowdown, default=None)
