@@ -94,6 +94,43 @@ def train(
             "Default: /dev/shm/slurm-k8s-recover-UID.",
         ),
     ] = None,
+    save_delay: Annotated[
+        float,
+        typer.Option(
+            help="Long phases (proving the hang watcher sits through them): seconds process 0 "
+            "spends on top of each periodic save, in its save phase, as on slow storage; the "
+            "other processes wait for it at the next step.",
+        ),
+    ] = 0.0,
+    eval_every: Annotated[
+        int,
+        typer.Option(
+            help="Process 0 evaluates the loss on a held-out batch after every N steps (not "
+            "the last), in an evaluation phase, while the others wait at the next step (0: "
+            "never).",
+        ),
+    ] = 0,
+    eval_seconds: Annotated[
+        float, typer.Option(help="Seconds each evaluation lasts in all (with --eval-every).")
+    ] = 0.0,
+    pause_at: Annotated[
+        int,
+        typer.Option(
+            help="After this step every process is paused (the paused phase) for "
+            "--pause-seconds; a preemption signal ends it early (0: no pause).",
+        ),
+    ] = 0,
+    pause_seconds: Annotated[
+        float, typer.Option(help="Seconds the pause lasts (with --pause-at).")
+    ] = 0.0,
+    first_step_delay: Annotated[
+        float,
+        typer.Option(
+            help="Seconds each process's first step takes longer, unannounced: a loop that "
+            "compiles lazily, in its first step. None of these long phases changes the "
+            "training: the final digest is the same.",
+        ),
+    ] = 0.0,
 ) -> None:
     """Train a small real JAX model with verified, resumable checkpoints.
 
@@ -120,6 +157,7 @@ def train(
     from recovery.contract.exits import EXIT_PREEMPTED, PREEMPT_SIGNALS
     from recovery.multiproc import topology_from_env
     from recovery.train.loop import ResumeMode, TrainOptions, run_training
+    from recovery.train.options import LongPhases
 
     mode = ResumeMode.required if resume else ResumeMode.auto if auto_resume else ResumeMode.never
     multi = topology_from_env(os.environ).multi
@@ -147,6 +185,14 @@ def train(
                 memory_every=memory_every,
                 memory_dir=memory_dir,
                 memory_budget=memory_budget,
+                long_phases=LongPhases(
+                    save_delay=save_delay,
+                    eval_every=eval_every,
+                    eval_seconds=eval_seconds,
+                    pause_at=pause_at,
+                    pause_seconds=pause_seconds,
+                    first_step_delay=first_step_delay,
+                ),
                 compile_cache=None
                 if no_compile_cache
                 else (compile_cache or run_dir / "compile-cache"),

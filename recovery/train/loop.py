@@ -42,7 +42,7 @@ from recovery.errors import UsageError
 from recovery.events import EventLog, events_file, slurm_context
 from recovery.multiproc import Topology, topology_from_env
 from recovery.progress import Phase, ProgressWriter
-from recovery.train import compile_cache
+from recovery.train import compile_cache, long_phases
 from recovery.train.options import ResumeMode, TrainOptions, TrainOutcome, validate
 from recovery.train.restore import restore_or_init
 from recovery.train.run import Run
@@ -284,7 +284,7 @@ def _run_locked(run: Run, leftovers: list[str]) -> TrainOutcome:
         jax.eval_shape(init),
         M.state_shardings(run.spec, run.mesh),
     )
-    with _phase(run, Phase.restore):
+    with run.phase(Phase.restore):
         state, restored = restore_or_init(run, template, init)
     origin = f"resuming from step {restored.step}" if restored else "starting fresh"
     where = "" if run.ranks is None else f" (process {run.ranks.rank} of {run.ranks.size})"
@@ -316,7 +316,7 @@ def _train(run: Run, state: Any) -> TrainOutcome:
     step = int(state["step"])
     programs = _compile(run, state, step)
     state, step, updates, stopped_by = _steps(run, state, step, programs)
-    with _phase(run, Phase.save):
+    with run.phase(Phase.save):
         digest = run.manager.finalize(step, state, metadata={"data_position": step})
     if stopped_by is not None and step < run.opts.steps:
         name = signal.Signals(stopped_by).name
@@ -329,11 +329,6 @@ def _train(run: Run, state: Any) -> TrainOutcome:
         tier = {"memory_copies": run.memory.copies, "memory_s": round(run.memory.spent_s, 6)}
     run.events.emit("completed", step=step, state_digest=digest, updates=updates, **tier)
     return TrainOutcome(step, digest, preempted=False, updates=updates)
-
-
-def _phase(run: Run, phase: Phase) -> AbstractContextManager[None]:
-    """``phase`` in this process's progress record, when it keeps one."""
-    return nullcontext() if run.progress is None else run.progress.phase(phase)
 
 
 def _compile(run: Run, state: Any, step: int) -> _Programs:
@@ -391,6 +386,8 @@ def _steps(
         if progress is not None:
             progress.step_started(step + 1)
         t = time.perf_counter()
+        if not updates:
+            long_phases.slow_first_step(run)
         state, loss = programs.step_fn(state, programs.batch_fn(programs.position(step)))
         loss_value = float(loss)  # waits for the step to finish
         step += 1
@@ -404,11 +401,13 @@ def _steps(
         if step % progress_every == 0 or step == opts.steps:
             run.log(f"step {step}/{opts.steps} loss {loss_value:.4f} ({step_s * 1e3:.1f} ms/step)")
         if step % opts.save_every == 0 and step < opts.steps:
-            with _phase(run, Phase.save):  # blocks only for the host copy when async
+            with run.phase(Phase.save):  # blocks only for the host copy when async
                 run.manager.save(step, state, metadata={"data_position": step})
+                long_phases.slow_save(run)
         if memory is not None and copy_now and step < opts.steps:
-            with _phase(run, Phase.save):
+            with run.phase(Phase.save):
                 memory.copy(step, state)
+        long_phases.between_steps(run, state, step)
         if opts.step_sleep:
             time.sleep(opts.step_sleep)
     return state, step, updates, stopped_by

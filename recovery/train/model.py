@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import jax
@@ -178,14 +178,43 @@ def make_batch_fn(spec: ModelSpec, mesh: Mesh, seed: int) -> Callable[[jax.Array
     """Jitted ``position -> (x, y)``: the batch at a data position, a pure function of it."""
 
     def batch(position: jax.Array) -> Batch:
-        _, _, k_data, k_teacher = _keys(seed)
-        teacher = jax.random.normal(k_teacher, (spec.in_dim, spec.classes), jnp.float32)
-        k = jax.random.fold_in(k_data, position)
-        x = jax.random.normal(k, (spec.batch_size, spec.in_dim), jnp.float32)
-        y = jnp.argmax(x @ teacher, axis=-1).astype(jnp.int32)
-        return x, y
+        _, _, k_data, _ = _keys(seed)
+        return _examples(spec, seed, jax.random.fold_in(k_data, position))
 
     return jax.jit(batch, out_shardings=batch_sharding(spec, mesh))
+
+
+def _examples(spec: ModelSpec, seed: int, key: jax.Array) -> Batch:
+    """A batch of inputs drawn with ``key``, labelled by the run's fixed teacher."""
+    _, _, _, k_teacher = _keys(seed)
+    teacher = jax.random.normal(k_teacher, (spec.in_dim, spec.classes), jnp.float32)
+    x = jax.random.normal(key, (spec.batch_size, spec.in_dim), jnp.float32)
+    y = jnp.argmax(x @ teacher, axis=-1).astype(jnp.int32)
+    return x, y
+
+
+def _loss(spec: ModelSpec, params: State, batch: Batch, key: jax.Array) -> jax.Array:
+    """Mean cross-entropy of ``params`` on ``batch`` (``key``: the dropout's)."""
+    x, y = batch
+    logp = jax.nn.log_softmax(_forward(spec, params, x, key))
+    return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=-1))
+
+
+@functools.cache
+def make_held_out_loss(spec: ModelSpec, seed: int) -> Callable[[State], jax.Array]:
+    """Jitted ``params -> loss`` on the run's held-out batch (drawn from a stream no training
+    step reads; the same batch every time, so the losses compare), without dropout.
+    ``params`` are host arrays (this process's own copy,
+    :func:`recovery.checkpoint.tree.to_host`): it runs on this process's first device alone,
+    with no collective, so one process can evaluate while the others wait for it."""
+    _, _, k_data, _ = _keys(seed)
+    held_out = jax.random.split(k_data)[1]
+    plain = replace(spec, dropout=0.0)
+
+    def loss(params: State) -> jax.Array:
+        return _loss(plain, params, _examples(spec, seed, held_out), held_out)
+
+    return jax.jit(loss)
 
 
 def _forward(spec: ModelSpec, params: State, x: jax.Array, key: jax.Array) -> jax.Array:
@@ -207,15 +236,12 @@ def make_train_step(
     a state handed to an asynchronous save stays valid."""
     b1, b2, eps = 0.9, 0.999, 1e-8
 
-    def loss_fn(params: State, x: jax.Array, y: jax.Array, key: jax.Array) -> jax.Array:
-        logits = _forward(spec, params, x, key)
-        logp = jax.nn.log_softmax(logits)
-        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=-1))
+    def loss_fn(params: State, batch: Batch, key: jax.Array) -> jax.Array:
+        return _loss(spec, params, batch, key)
 
     def step(state: State, batch: Batch) -> tuple[State, jax.Array]:
-        x, y = batch
         rng, k_drop = jax.random.split(state["rng"])
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"], x, y, k_drop)
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch, k_drop)
         count = state["opt"]["count"] + 1
         m = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, state["opt"]["m"], grads)
         v = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, state["opt"]["v"], grads)

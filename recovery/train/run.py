@@ -4,6 +4,7 @@ loop so that restoring and the memory tier can be read without it."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,7 @@ from recovery.api.memory import MemoryTier
 from recovery.api.preemption import Preemption
 from recovery.api.ranks import Log, Ranks
 from recovery.events import EventLog
-from recovery.progress import ProgressWriter
+from recovery.progress import Phase, ProgressWriter
 from recovery.train.options import TrainOptions
 
 if TYPE_CHECKING:
@@ -43,3 +44,8 @@ class Run:
     """The environment the run was started with (what :func:`run_training` was given)."""
     progress: ProgressWriter | None = None
     """This process's progress record (what the job's watcher reads); None: not reported."""
+
+    def phase(self, phase: Phase) -> AbstractContextManager[None]:
+        """``with run.phase(Phase.save): ...``: the block is ``phase`` in this process's
+        progress record, when it keeps one."""
+        return nullcontext() if self.progress is None else self.progress.phase(phase)
