@@ -56,8 +56,20 @@ Top level
     holds ``spares`` more nodes, default 1, and its supervisor relaunches the training on
     one of them at once, restoring from the survivors' memory; ``recover sbatch --spares``,
     docs/in-allocation.md). ``recover scenario run --mode`` runs any scenario in either mode.
+    ``long_phases``: phases the training legitimately spends long in, made to happen (the
+    ``recover train`` options of the same names; not with ``command``): ``save_delay``
+    (seconds process 0 adds to each periodic save, inside its ``save`` phase, as slow storage
+    does, while the other processes wait at the next step), ``eval_every`` and
+    ``eval_seconds`` (process 0 evaluates the held-out loss after every N steps in an
+    ``evaluation`` phase lasting that long, the others waiting), ``pause_at`` and
+    ``pause_seconds`` (every process ``paused`` after that step), ``first_step_delay``
+    (each process's first step takes that much longer, unannounced: a lazy compile). The
+    control run goes without them (they change no digest, nor the control's cache key). With
+    ``faults: []`` and ``expect: {incidents: 0}`` a scenario is a *guard*: the hang watcher
+    must sit through the long phase without an incident.
 
-``faults`` - *required*, carried out in order; each entry is a fault or an operator action
+``faults`` - *required*, carried out in order; each entry is a fault or an operator action;
+    ``[]``: nothing is done to the job (a guard scenario, above)
     ``fault``: a fault code of the catalogue (``xid79``, ``gpu-lost``, ``tpu-runtime-error``,
     ...; ``recovery/policy/catalogue.yaml`` lists them, and an unknown one is answered with
     the list) or a special kind:
@@ -149,6 +161,7 @@ from recovery.errors import UsageError, unknown_choice
 from recovery.model import Verdict
 from recovery.ports.journal import PhaseName
 from recovery.report.phases import ReportPhase
+from recovery.train.options import LongPhases, flag
 
 #: Things a scenario can do besides injecting a catalogue fault through an agent.
 SPECIAL_FAULTS: dict[str, str] = {
@@ -266,6 +279,38 @@ MODES = ("requeue", "in-allocation")
 RecoveryMode = Literal["requeue", "in-allocation"]
 
 
+def _in_job(name: str) -> str:
+    """A field of ``job.long_phases`` (or ``steps``) as the file names it."""
+    return name if name == "steps" else f"long_phases.{name}"
+
+
+class LongPhasesSpec(_Strict):
+    """``job.long_phases``: phases the job's training legitimately spends long in, made to
+    happen (the ``recover train`` options of the same names, :class:`LongPhases`). The
+    control run goes without them: they do not change the digest."""
+
+    save_delay: Annotated[float, Field(ge=0, le=600)] = 0.0
+    """Seconds process 0 adds to each periodic save, in its ``save`` phase (slow storage)."""
+    eval_every: Annotated[int, Field(ge=0)] = 0
+    """Process 0 evaluates after every this many steps, in an ``evaluation`` phase."""
+    eval_seconds: Annotated[float, Field(ge=0, le=3600)] = 0.0
+    """Seconds each evaluation lasts."""
+    pause_at: Annotated[int, Field(ge=0)] = 0
+    """Every process is ``paused`` after this step ..."""
+    pause_seconds: Annotated[float, Field(ge=0, le=3600)] = 0.0
+    """... for this many seconds."""
+    first_step_delay: Annotated[float, Field(ge=0, le=600)] = 0.0
+    """Seconds each process's first step takes longer, unannounced (a lazy compile)."""
+
+    def options(self) -> LongPhases:
+        """As the trainer's options."""
+        return LongPhases(**self.model_dump())
+
+    def train_args(self) -> list[str]:
+        """As ``recover train`` options: the ones given."""
+        return [f"{flag(name)}={value:g}" for name, value in self.model_dump().items() if value]
+
+
 class JobSpec(_Strict):
     """The training job (``recover train`` under ``recover sbatch``)."""
 
@@ -286,6 +331,22 @@ class JobSpec(_Strict):
     relaunches the training on one of them, restoring from the survivors' memory."""
     spares: Annotated[int, Field(ge=0, le=8)] | None = None
     """Spare nodes inside the job (in-allocation only; default 1)."""
+    long_phases: LongPhasesSpec | None = None
+    """Long phases the training goes through on purpose (guard scenarios)."""
+
+    @model_validator(mode="after")
+    def _long_phases_fit(self) -> JobSpec:
+        if self.long_phases is None:
+            return self
+        if self.command is not None:
+            raise ValueError(
+                "long_phases are recover train options; a command job makes its own phases"
+            )
+        try:
+            self.long_phases.options().check(self.steps, named=_in_job)
+        except UsageError as e:
+            raise ValueError(str(e)) from None
+        return self
 
     @model_validator(mode="after")
     def _spares_for_mode(self) -> JobSpec:
@@ -498,7 +559,8 @@ class Scenario(_Strict):
     description: OneLine = ""
     cluster: ClusterSpec = ClusterSpec()
     job: JobSpec
-    faults: Annotated[list[Entry], Field(min_length=1)]
+    faults: list[Entry]
+    """In order; ``[]``: nothing is done to the job (a guard scenario)."""
     expect: Expectations = Expectations()
     expect_in_allocation: Expectations | None = None
     """What changes in ``expect`` when the job runs in-allocation (only the fields given)."""
@@ -542,9 +604,10 @@ class Scenario(_Strict):
         return self.cluster.existing is None
 
     def training_args(self) -> list[str]:
-        """The ``recover train`` options the job's configuration gives (no run dir)."""
+        """The ``recover train`` options the job's configuration gives (no run dir), its
+        long phases with them (the control run builds its own, without)."""
         j = self.job
         return [
             "--steps", str(j.steps), "--save-every", str(j.save_every), "--model", j.model,
-            "--seed", str(j.seed),
+            "--seed", str(j.seed), *(j.long_phases.train_args() if j.long_phases else []),
         ]  # fmt: skip

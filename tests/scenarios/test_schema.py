@@ -72,7 +72,7 @@ def test_a_good_file_loads_with_its_defaults() -> None:
          ["Unknown fault 'xid99'. Known: ", "xid79", "gpu-lost", "slurmd-crash"]),
         (GOOD + "    via: kmesg\n", 9, "faults[0].via", ["'agent' or 'kmsg'", "got 'kmesg'"]),
         (GOOD.replace("  steps: 20", "  stepz: 20"), 4, "job.stepz",
-         ["unknown key 'stepz'. Valid keys: command, mode, model, nodes, processes, save_every, "
+         ["unknown key 'stepz'. Valid keys: command, long_phases, mode, model, nodes, processes, save_every, "
           "seed, spares, step_sleep, steps"]),
         (GOOD.replace("  steps: 20\n", ""), 3, "job.steps", ["required, but missing"]),
         ("descripton: x\n" + GOOD, 1, "descripton",
