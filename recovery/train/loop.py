@@ -303,8 +303,10 @@ def _run_locked(run: Run, leftovers: list[str]) -> TrainOutcome:
 class _Programs(NamedTuple):
     """The compiled functions of one run."""
 
-    step_fn: Callable[[Any, Any], tuple[Any, Any]]
-    """``(state, batch) -> (state, loss)``: one optimizer update."""
+    step_fn: Callable[[Any, Any], tuple[Any, Any, float | None]]
+    """``(state, batch) -> (state, loss, seconds of this process's own work)``: one optimizer
+    update; the work is timed apart from the wait for the peers with several processes
+    (:mod:`recovery.train.split_step`), None with one."""
     batch_fn: Callable[[Any], Any]
     """``data position -> batch``: deterministic in the seed and the position."""
     position: Callable[[int], Any]
@@ -338,21 +340,27 @@ def _compile(run: Run, state: Any, step: int) -> _Programs:
     import numpy as np
 
     from recovery.train import model as M
+    from recovery.train import split_step as S
 
     batch_fn = M.make_batch_fn(run.spec, run.mesh, run.opts.seed)
-    step_fn = M.make_train_step(run.spec, run.mesh, run.opts.lr)
     # Several processes: a host scalar every process passes alike (a single process keeps the
     # device scalar it always used).
     position: Callable[[int], Any] = jnp.int32 if run.ranks is None else np.int32
     # Warmup: compile both functions and run them once on the current state, discarding the
     # result (functional update: the state is unchanged), so step times are steady-state.
     t0 = time.perf_counter()
-    if run.ranks is not None:
+    step_fn: Callable[[Any, Any], tuple[Any, Any, float | None]]
+    if run.ranks is None:
+        one = M.make_train_step(run.spec, run.mesh, run.opts.lr)
+        step_fn = lambda state, batch: (*one(state, batch), None)  # noqa: E731
+    else:
+        split = S.make_split_step(run.spec, run.mesh, run.opts.lr)
         # The first collective sets up gloo, whose key exchange waits only 30 s for the
         # peers; compiling on a busy node can take longer. Compile first, then meet.
-        M.compile_ahead(run.spec, run.mesh, run.opts.seed, run.opts.lr, state, position(step))
+        S.compile_ahead(split, batch_fn, state, position(step))
         run.ranks.group.barrier()
-    jax.block_until_ready(step_fn(state, batch_fn(position(step))))
+        step_fn = S.timed_step(split, time.perf_counter)
+    jax.block_until_ready(step_fn(state, batch_fn(position(step)))[:2])
     run.events.emit("warmup", step=step, warmup_s=round(time.perf_counter() - t0, 6))
     return _Programs(step_fn, batch_fn, position)
 
@@ -388,12 +396,12 @@ def _steps(
         t = time.perf_counter()
         if not updates:
             long_phases.slow_first_step(run)
-        state, loss = programs.step_fn(state, programs.batch_fn(programs.position(step)))
+        state, loss, work_s = programs.step_fn(state, programs.batch_fn(programs.position(step)))
         loss_value = float(loss)  # waits for the step to finish
         step += 1
         updates += 1
         if progress is not None:
-            progress.step_finished(step)
+            progress.step_finished(step, work_s)
         step_s = time.perf_counter() - t
         run.events.emit(
             "step", step=step, loss=loss_value, step_s=round(step_s, 6), data_position=step - 1

@@ -228,35 +228,42 @@ def _forward(spec: ModelSpec, params: State, x: jax.Array, key: jax.Array) -> ja
     return h @ layers[-1]["w"] + layers[-1]["b"]
 
 
+def adam_update(state: State, grads: State, rng: jax.Array, lr: float) -> State:
+    """The state after one Adam update with ``grads`` (``rng``: the state's next key)."""
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    count = state["opt"]["count"] + 1
+    m = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, state["opt"]["m"], grads)
+    v = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, state["opt"]["v"], grads)
+    c1 = 1 - b1 ** count.astype(jnp.float32)
+    c2 = 1 - b2 ** count.astype(jnp.float32)
+    params = jax.tree_util.tree_map(
+        lambda p, m, v: p - lr * (m / c1) / (jnp.sqrt(v / c2) + eps), state["params"], m, v
+    )
+    return {
+        "params": params,
+        "opt": {"m": m, "v": v, "count": count},
+        "rng": rng,
+        "step": state["step"] + 1,
+    }
+
+
+def loss(spec: ModelSpec, params: State, batch: Batch, key: jax.Array) -> jax.Array:
+    """Mean cross-entropy of ``params`` on ``batch``, ``key`` the dropout's (traceable)."""
+    return _loss(spec, params, batch, key)
+
+
 @functools.cache
 def make_train_step(
     spec: ModelSpec, mesh: Mesh, lr: float
 ) -> Callable[[State, Batch], tuple[State, jax.Array]]:
     """Jitted ``(state, batch) -> (state, loss)``: one Adam update. Inputs are not donated, so
-    a state handed to an asynchronous save stays valid."""
-    b1, b2, eps = 0.9, 0.999, 1e-8
-
-    def loss_fn(params: State, batch: Batch, key: jax.Array) -> jax.Array:
-        return _loss(spec, params, batch, key)
+    a state handed to an asynchronous save stays valid. (Several processes take the step in
+    two programs instead: :mod:`recovery.train.split_step`.)"""
 
     def step(state: State, batch: Batch) -> tuple[State, jax.Array]:
         rng, k_drop = jax.random.split(state["rng"])
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch, k_drop)
-        count = state["opt"]["count"] + 1
-        m = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, state["opt"]["m"], grads)
-        v = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, state["opt"]["v"], grads)
-        c1 = 1 - b1 ** count.astype(jnp.float32)
-        c2 = 1 - b2 ** count.astype(jnp.float32)
-        params = jax.tree_util.tree_map(
-            lambda p, m, v: p - lr * (m / c1) / (jnp.sqrt(v / c2) + eps), state["params"], m, v
-        )
-        new_state = {
-            "params": params,
-            "opt": {"m": m, "v": v, "count": count},
-            "rng": rng,
-            "step": state["step"] + 1,
-        }
-        return new_state, loss
+        value, grads = jax.value_and_grad(lambda p: _loss(spec, p, batch, k_drop))(state["params"])
+        return adam_update(state, grads, rng, lr), value
 
     shard = state_shardings(spec, mesh)
     rep = NamedSharding(mesh, P())
@@ -265,14 +272,3 @@ def make_train_step(
         in_shardings=(shard, batch_sharding(spec, mesh)),
         out_shardings=(shard, rep),
     )
-
-
-def compile_ahead(
-    spec: ModelSpec, mesh: Mesh, seed: int, lr: float, state: State, position: Any
-) -> None:
-    """Compile the batch and train-step functions for ``state`` and a batch at ``position``
-    without running them: no collective runs, so no peer is waited for."""
-    batch_fn: Any = make_batch_fn(spec, mesh, seed)
-    step_fn: Any = make_train_step(spec, mesh, lr)
-    batch_fn.lower(position).compile()
-    step_fn.lower(state, jax.eval_shape(batch_fn, position)).compile()

@@ -58,6 +58,10 @@ def test_a_signal_to_one_process_stops_both_after_the_same_step(
     assert {(r.phase, r.step_finished, r.size) for r in records.values()} == {
         (Phase.done, stopped, 2)
     }
+    # Each process timed its own share of every step apart from its wait for the other
+    # (recovery/train/split_step.py): what the straggler rule compares.
+    assert {r.compute_steps for r in records.values()} == {stopped}
+    assert all(0 < r.compute_total_s < stopped * r.last_step_s for r in records.values())
 
     run(run_dir, 2, STEPS, 4, "--resume", "--compile-cache", str(cache))
     assert final_digest(run_dir, 2) == control
