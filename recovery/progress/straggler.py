@@ -39,8 +39,9 @@ class StragglerConfig:
     """Steps each mean is taken over."""
     persist: int = 5
     """Looks in a row it must be slow on (a moment's hiccup is not a slow node)."""
-    min_excess_s: float = 0.002
-    """Seconds a step it must be slower by: a ratio of microseconds is noise."""
+    min_excess_s: float = 0.01
+    """Seconds a step it must be slower by: a ratio of a few milliseconds is noise (a
+    busy machine shares its cores unevenly), a slow node costs far more."""
 
     def __post_init__(self) -> None:
         if not self.factor > 1:
