@@ -12,6 +12,7 @@ Everything else a scenario expects is checked, and the run directory's format wi
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from recovery import statedir
 from recovery.contract.memplace import memory_root, node_key
 from scenarios.loader import find, shipped
 from scenarios.main import DEMO
+from scenarios.schema import MODES
 from service.daemons import agents as agents_proc
 from slurm import procs
 from tests.helpers import RECOVER
@@ -44,12 +46,26 @@ RUN_KEYS = {"format", "scenario", "started", "finished", "cluster", "job", "faul
             "control_digest", "final_digest", "notes"}  # fmt: skip
 
 
+#: The guard scenarios (no fault; the job goes through a long phase and must open no
+#: incident) run in both modes: in the whole tier, process 0's slow save requeue-mode and its
+#: long evaluation in-allocation; the other six runs in the soak tier.
+GUARD_WHOLE_TIER = (("guard-slow-save", "requeue"), ("guard-long-eval", "in-allocation"))
+
+
 def _matrix() -> list[Any]:
     soak = pytest.mark.soak
     return [
         pytest.param(n, marks=() if n in WHOLE_TIER else soak)
-        for n in (x.scenario.name for x in shipped())
+        for n in (x.scenario.name for x in shipped() if x.scenario.faults)
         if n != DEMO
+    ]
+
+
+def _guards() -> list[Any]:
+    return [
+        pytest.param(n, m, marks=() if (n, m) in GUARD_WHOLE_TIER else pytest.mark.soak)
+        for n in (x.scenario.name for x in shipped() if not x.scenario.faults)
+        for m in MODES
     ]
 
 
@@ -179,6 +195,48 @@ def test_shipped_scenario_passes(name: str, control_cache: Path, tmp_path: Path)
     assert result["timeline"] == str(out / "timeline.png")
     _check_nothing_left(Path(result["cluster_root"]))
     assert (out / "cluster" / "slurm" / "log").is_dir()  # the logs stay with the run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "mode"), _guards())
+def test_a_guard_scenario_opens_no_incident(
+    name: str, mode: str, control_cache: Path, tmp_path: Path
+) -> None:
+    """Nothing goes wrong, but the job's processes finish no step for far longer than their
+    step budget (a slow save, an evaluation, a pause, a slow first step): no incident, no
+    requeue, the control's digest. The long phase did happen: process 1 went that long
+    without a step."""
+    require_local_slurm()
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [*RECOVER, "scenario", "run", name, "--out", str(out), "--cache", str(control_cache),
+         "--json", "--no-budgets", "--mode", mode],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    result = json.loads(done.stdout)
+    assert (result["scenario"], result["passed"]) == (name, True)
+    held = {c["name"] for c in result["checks"] if c["ok"]}
+    assert {"completes", "incidents", "max_requeues", "max_steps_recomputed"} <= held, held
+    assert json.loads((out / "incidents.json").read_text()) == []
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["final_digest"] == doc["control_digest"] is not None
+    assert doc["faults"] == []
+    long = find(name).scenario.job.long_phases
+    assert long is not None
+    longest = max(long.save_delay, long.eval_seconds, long.pause_seconds, long.first_step_delay)
+    assert _longest_without_a_step(out / "events.rank1.jsonl") >= longest
+    _check_nothing_left(Path(result["cluster_root"]))
+
+
+def _longest_without_a_step(events: Path) -> float:
+    """Seconds between a process's warm-up and its first step, or two of its steps, at most."""
+    marks = [
+        float(e["ts"])
+        for e in map(json.loads, events.read_text().splitlines())
+        if e["event"] in ("warmup", "step")
+    ]
+    return max(b - a for a, b in itertools.pairwise(marks))
 
 
 def _check_run_dir(out: Path, name: str) -> None:
