@@ -3,11 +3,11 @@ checkpoint save, an evaluation, a pause, a slow first step), each where and as a
 has it, so that the job's hang watcher can be seen to sit through it.
 
 In a job of several processes process 0 alone saves slowly and evaluates, as a loop whose
-process 0 writes or evaluates for everyone does: the others go on to the next step and wait
-for it at the step's start (:class:`~recovery.api.ranks.StopVote`), in the step loop, past
-their own step budget, while process 0 is in its announced phase. Every process pauses (a
-pause is the job's), and every process's first step is slow (each compiles its own). None
-of them changes the state: the run's digest is the digest of the same run without them.
+process 0 writes or evaluates for everyone does: the others go on into the next step and
+wait for it at the step's collective, in the step loop, past their own step budget, while
+process 0 is in its announced phase. Every process pauses (a pause is the job's), and every
+process's first step is slow (each compiles its own). None of them changes the state: the
+run's digest is the digest of the same run without them.
 """
 
 from __future__ import annotations
