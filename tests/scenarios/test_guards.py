@@ -67,9 +67,14 @@ class _Job:
             self.next_look += 1.0
         self.t = end
 
-    def long_phase(self, ranks: range, phase: Phase, seconds: float, announce: bool) -> None:
-        """``ranks`` in ``phase`` for ``seconds`` (or silent: still in the step loop); the
-        others wait for them after the step they finished, as at a collective."""
+    def long_phase(
+        self, ranks: range, phase: Phase, seconds: float, after: int, announce: bool
+    ) -> None:
+        """After step ``after``, ``ranks`` in ``phase`` for ``seconds`` (or silent: still in
+        the step loop); the others go into the next step and wait for them at its
+        collective."""
+        for r in set(range(PROCESSES)) - set(ranks):
+            self.writers[r].step_started(after + 1)
         if not announce:
             self.wait(seconds)
             return
@@ -94,11 +99,11 @@ def _drive(job: JobSpec, directory: Path, *, budgets: Budgets | None = None,
             w.step_finished(step)
         if step < job.steps:
             if step % job.save_every == 0 and long.save_delay:
-                run.long_phase(lead, Phase.save, long.save_delay, announce)
+                run.long_phase(lead, Phase.save, long.save_delay, step, announce)
             if long.eval_every and step % long.eval_every == 0:
-                run.long_phase(lead, Phase.evaluation, long.eval_seconds, announce)
+                run.long_phase(lead, Phase.evaluation, long.eval_seconds, step, announce)
             if step == long.pause_at:
-                run.long_phase(everyone, Phase.paused, long.pause_seconds, announce)
+                run.long_phase(everyone, Phase.paused, long.pause_seconds, step, announce)
         run.wait(job.step_sleep)
     return run.looks
 
