@@ -8,7 +8,10 @@ Two kinds of signal:
   ``NVML_ERROR_GPU_IS_LOST``/``NVML_ERROR_RESET_REQUIRED`` -> ``gpu-lost``; a rise of the
   volatile uncorrected ECC count -> ``ecc-uncorrected``; a remapped-row failure ->
   ``row-remap-failure``; a change of the driver's recovery action to one that asks for
-  something -> ``xid154`` with ``driver_action``.
+  something -> ``xid154`` with ``driver_action``; clocks held back by the hardware (the
+  clock event reasons: thermal or power slowdown, :data:`SLOWDOWN_REASONS`) on
+  :data:`SLOWDOWN_POLLS` polls in a row -> ``gpu-slowdown``, once per episode: the evidence
+  behind a slow node (the agents' straggler rule reports the cost, ``node-slow``).
 
 Without a driver (``nvmlInit`` fails: library not found, driver not loaded, ...) the source
 logs ONE line saying NVML is unavailable and why, and returns, so the agent's other sources
@@ -38,6 +41,18 @@ Log = Callable[[str], None]
 LOST_CODES = (15, 16)
 NOT_SUPPORTED = 3
 TIMEOUT = 10
+#: NVML's clock event (throttle) reasons that slow a GPU down against its will, by bit. The
+#: rest (idle, application clocks, sync boost, display clock) are settings, and the software
+#: power cap is how a GPU at full load normally runs: named in the message, never a slowdown.
+SLOWDOWN_REASONS = {
+    0x8: "hw-slowdown",
+    0x20: "sw-thermal",
+    0x40: "hw-thermal",
+    0x80: "hw-power-brake",
+}
+SW_POWER_CAP = 0x4
+#: Polls in a row the clocks must be held back before it is reported (a moment's is not).
+SLOWDOWN_POLLS = 3
 
 
 def load_pynvml(log: Log = print) -> Any | None:
@@ -61,6 +76,9 @@ class _Device:
     remap_supported: bool = True
     action: int = 0
     action_supported: bool = True
+    clocks_supported: bool = True
+    slowed_polls: int = 0
+    """Polls in a row the clocks were held back (0: not now)."""
 
 
 @dataclass
@@ -163,6 +181,7 @@ class NvmlSource:
                 out += self._check_ecc(dev)
                 out += self._check_remap(dev)
                 out += self._check_action(dev)
+                out += self._check_clocks(dev)
             except self.nvml.NVMLError as e:
                 out += self._lost_or_log(dev, e, "polling")
         return out
@@ -228,6 +247,51 @@ class NvmlSource:
             dev, "xid154", f"driver recovery action is now {name}", key=("action", value)
         )
         return [event.model_copy(update={"driver_action": action})]
+
+    def _check_clocks(self, dev: _Device) -> list[HealthEvent]:
+        if not dev.clocks_supported:
+            return []
+        nv = self.nvml
+        getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
+        try:
+            if getter is None:
+                raise nv.NVMLError(NOT_SUPPORTED)
+            reasons = int(getter(dev.handle))
+        except nv.NVMLError as e:
+            if e.value != NOT_SUPPORTED:
+                raise
+            dev.clocks_supported = False
+            return []
+        held = [name for bit, name in SLOWDOWN_REASONS.items() if reasons & bit]
+        if not held:
+            dev.slowed_polls = 0
+            return []
+        dev.slowed_polls += 1
+        if dev.slowed_polls != SLOWDOWN_POLLS:
+            return []  # not yet, or reported for this episode already
+        also = ", sw-power-cap" if reasons & SW_POWER_CAP else ""
+        text = (
+            f"clocks held back by {', '.join(held)}{also} (reasons {reasons:#x}) on "
+            f"{SLOWDOWN_POLLS} polls in a row{self._sm_clocks(dev)}"
+        )
+        return [self._event(dev, "gpu-slowdown", text, key=("slow", reasons, self._poll_mark()))]
+
+    def _sm_clocks(self, dev: _Device) -> str:
+        """``; SM clock N of M MHz`` where NVML tells, else nothing."""
+        nv = self.nvml
+        sm = getattr(nv, "NVML_CLOCK_SM", 1)
+        try:
+            now = int(nv.nvmlDeviceGetClockInfo(dev.handle, sm))
+            top = int(nv.nvmlDeviceGetMaxClockInfo(dev.handle, sm))
+        except (nv.NVMLError, AttributeError):
+            return ""
+        return f"; SM clock {now} of {top} MHz"
+
+    def _poll_mark(self) -> int:
+        """Tells one slowdown episode's event from the next one's."""
+        return round(self.clock.now().mono)
 
     def _recovery_action(self, dev: _Device) -> int | None:
         """The driver's recovery action, or None where neither the binding nor the driver

@@ -106,6 +106,8 @@ def carry_out(
         return _hang_node(rig, _targets(entry, watch, fault_node)[0], say)
     if entry.fault in ("main-thread-hang", "process-freeze"):
         return _hang_training(entry, rig, watch, _targets(entry, watch, fault_node)[0], say)
+    if entry.fault == "cpu-throttle":
+        return _throttle_training(entry, rig, watch, _targets(entry, watch, fault_node)[0], say)
     if crash is None:
         crash = crash_first(entry, rig, watch, fault_node, say)
     nodes = crash.nodes if crash is not None else _targets(entry, watch, fault_node)
@@ -329,6 +331,61 @@ def _block_main_thread(pid: int) -> None:
         proc.wait()
         if proc.stderr:
             proc.stderr.close()
+
+
+#: The cgroup v1 CPU controller (REFERENCE.md: writable as root on these machines).
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+#: CFS period (microseconds) of a throttle; the quota is a share of it.
+CFS_PERIOD_US = 100_000
+#: Throttles made by this process, removed by :func:`release_throttles`.
+_THROTTLES: list[Path] = []
+
+
+def _throttle_training(entry: Entry, rig: Rig, watch: Watcher, node: str, say: Say) -> Done:
+    """A node slowed for real (fail-slow): its training process, every thread of it, moved
+    into a cgroup v1 CPU group with a quota of ``entry.cpu_percent`` of one CPU (a thermally
+    throttled chip, a noisy neighbour). Nothing fails; the process does its share of each step
+    slower, and every step of the job waits for it."""
+    rig.need_local(str(entry.fault))
+    percent = entry.cpu_percent
+    assert percent is not None  # the schema requires it for cpu-throttle
+    pid = watch.training_pid_on(node)
+    if pid is None:
+        raise UsageError(f"{entry.label}: no training process runs on {node}")
+    if not (CPU_CGROUP / "cgroup.procs").exists():
+        raise UsageError(f"{entry.fault} needs the cgroup v1 CPU controller at {CPU_CGROUP}")
+    group = CPU_CGROUP / f"recover-throttle-{os.getpid()}-{pid}"
+    group.mkdir(exist_ok=True)
+    _THROTTLES.append(group)
+    (group / "cpu.cfs_period_us").write_text(f"{CFS_PERIOD_US}\n")
+    (group / "cpu.cfs_quota_us").write_text(f"{CFS_PERIOD_US * percent // 100}\n")
+    at = time.time()
+    (group / "cgroup.procs").write_text(f"{pid}\n")  # every thread of the process
+    share = f"{percent} % of a CPU"
+    say(f"training process {pid} on {node} throttled to {share} ({group})")
+    fault = {"fault": entry.fault, "node": node, "via": "cgroup-cpu-quota", "at": at, "pid": pid}
+    return Done(
+        faults=[{**fault, "cpu_percent": percent}],
+        node=node,
+        notes=[f"{entry.fault}: training process {pid} on {node} held to {share}"],
+    )
+
+
+def release_throttles() -> list[str]:
+    """Remove the CPU groups this process made (their processes moved back first, if any
+    still run); what could not be removed, with why."""
+    left = []
+    while _THROTTLES:
+        group = _THROTTLES.pop()
+        try:
+            for pid in (group / "cgroup.procs").read_text().split():
+                (CPU_CGROUP / "cgroup.procs").write_text(f"{pid}\n")
+            group.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            left.append(f"{group}: {e}")
+    return left
 
 
 def _sleeping(pid: int) -> bool:

@@ -113,7 +113,7 @@ def semantic_problems(s: Scenario) -> list[tuple[Loc, str]]:
         for i, e in enumerate(s.faults):
             if e.fault in (
                 "slurmd-crash", "node-hang", "coordinator-kill", "main-thread-hang",
-                "process-freeze",
+                "process-freeze", "cpu-throttle",
             ):  # fmt: skip
                 problems.append((("faults", i, "fault"), f"{e.fault} needs the local cluster"))
             if e.crash_training:

@@ -24,7 +24,7 @@ from recovery.errors import RecoverError, UsageError
 from recovery.pool.spares import is_spare
 from recovery.ports.journal import PhaseName
 from scenarios import command_job, rundir
-from scenarios.actions import carry_out, crash_first
+from scenarios.actions import carry_out, crash_first, release_throttles
 from scenarios.control import Background
 from scenarios.digests import compile_cache
 from scenarios.expect import Check, OperatorAnswer, Outcome, check, progress
@@ -152,6 +152,8 @@ def _stop(rig: Rig, root: Path | None, out: Path, rec: rundir.RunRecord, say: Sa
     stopped = rig.down()
     if stopped:
         say(f"stopped {len(stopped)} process(es) of the local cluster")
+    for problem in release_throttles():
+        say(f"a CPU throttle was left: {problem}")
     if root is not None and root != out / "cluster":
         shutil.move(root, out / "cluster")
         rec.notes.append(f"the local cluster ran in {root} (the run directory is too deep for "

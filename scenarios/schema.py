@@ -33,8 +33,9 @@ Top level
     them afterwards. ``existing: {slurm_conf, coordinator, token_file, partition}`` runs on a
     cluster that is already up instead (each default from ``$SLURM_CONF``,
     ``$RECOVER_COORDINATOR``, ``$RECOVER_TOKEN_FILE``; partition: every partition); its agents
-    must run the ``inject`` source. ``slurmd-crash``, ``node-hang``, ``coordinator-kill``
-    and ``crash_training`` need the local cluster.
+    must run the ``inject`` source. ``slurmd-crash``, ``node-hang``, ``coordinator-kill``,
+    ``main-thread-hang``, ``process-freeze``, ``cpu-throttle`` and ``crash_training`` need the
+    local cluster.
 
 ``job`` - the training job, *required*
     ``steps`` *required* (final step), ``save_every`` *required* (checkpoint interval in
@@ -88,7 +89,11 @@ Top level
       a system call (``gdb -p PID -batch -ex "call (int)sleep(600)"``: a stuck filesystem, a
       data loader), its other threads, sockets and heartbeats alive; nothing exits;
     - ``process-freeze``: SIGSTOP the training process on the node (frozen whole, as by the
-      freezer cgroup or a stuck driver call); nothing exits, no socket closes.
+      freezer cgroup or a stuck driver call); nothing exits, no socket closes;
+    - ``cpu-throttle``: hold the training process on the node, every thread of it, to
+      ``cpu_percent`` % of a CPU (*required*, 1-99) with a cgroup v1 CPU quota (a slow node:
+      a throttled chip, a noisy neighbour); nothing fails, every step waits for it. The
+      group is removed when the run ends.
 
     ``operator``: ``repaired`` (``recover node repaired NODE``) or ``breaker-reset``
     (``recover breaker reset``); ``expect: accepted|refused`` says how it must be answered.
@@ -173,6 +178,8 @@ SPECIAL_FAULTS: dict[str, str] = {
     "main-thread-hang": "block the training process's main thread in sleep(600) with gdb; "
     "its other threads run on",
     "process-freeze": "SIGSTOP the training process on the node (frozen whole)",
+    "cpu-throttle": "hold the training process on the node to cpu_percent % of a CPU "
+    "(cgroup v1 CPU quota): a slow node",
 }
 JOB_NODE = "job-node"
 FAULT_NODE = "fault-node"
@@ -355,9 +362,7 @@ class JobSpec(_Strict):
                 f"spares {self.spares} needs mode in-allocation (a requeued job holds no spares)"
             )
         if self.mode == "in-allocation" and self.spares == 0:
-            raise ValueError(
-                "mode in-allocation needs spares >= 1 (spares 0 is the requeue mode)"
-            )
+            raise ValueError("mode in-allocation needs spares >= 1 (spares 0 is the requeue mode)")
         return self
 
     @property
@@ -439,6 +444,7 @@ class Entry(_Strict):
     repeat: Repeat | None = None
     crash_training: bool | None = None
     restart: bool | None = None
+    cpu_percent: Annotated[int, Field(ge=1, le=99)] | None = None
     expect: Literal["accepted", "refused"] | None = None
     when: When = When(after_s=0)
 
@@ -462,6 +468,7 @@ class Entry(_Strict):
             "repeat": injected,
             "crash_training": injected,
             "restart": self.fault == "coordinator-kill",
+            "cpu_percent": self.fault == "cpu-throttle",
             "expect": self.operator is not None,
         }
         for key, allowed in only.items():
@@ -478,6 +485,8 @@ class Entry(_Strict):
                 raise ValueError(f"{e} (via kmsg writes kernel XID lines only)") from e
         if self.burst is not None and self.node not in (None, JOB_NODE):
             raise ValueError("burst picks job nodes itself; leave node out (or job-node)")
+        if self.fault == "cpu-throttle" and self.cpu_percent is None:
+            raise ValueError("cpu-throttle needs cpu_percent (1-99: the share of a CPU left)")
         return self
 
     @property
@@ -571,9 +580,7 @@ class Scenario(_Strict):
         over = self.expect_in_allocation
         if self.job.mode != "in-allocation" or over is None:
             return self.expect
-        return self.expect.model_copy(
-            update={k: getattr(over, k) for k in over.model_fields_set}
-        )
+        return self.expect.model_copy(update={k: getattr(over, k) for k in over.model_fields_set})
 
     def in_mode(self, mode: str) -> Scenario:
         """This scenario with its job in ``mode`` (``recover scenario run --mode``). The job

@@ -49,6 +49,10 @@ class FakeGpu:
     remap_failure: bool = False
     recovery_action: int = 0
     xid_supported: bool = True
+    clock_reasons: int | None = 0
+    """NVML's clock event reasons bitmask; None: not supported."""
+    sm_clock: int = 1980
+    sm_max: int = 1980
 
 
 @dataclass
@@ -58,6 +62,7 @@ class FakeNvml:
     gpus: list[FakeGpu] = field(default_factory=list)
     init_error: int | None = None
     with_recovery_getter: bool = True
+    with_clocks_getter: bool = True
     calls: list[str] = field(default_factory=list)
     xids: queue.Queue[tuple[int, int]] = field(default_factory=queue.Queue)
 
@@ -68,10 +73,28 @@ class FakeNvml:
     nvmlEventTypeXidCriticalError = 0x8
     nvmlEventTypeSingleBitEccError = 0x1
 
+    NVML_CLOCK_SM = 1
+
     def __getattr__(self, name: str) -> Any:
         if name == "nvmlDeviceGetGpuRecoveryAction" and self.with_recovery_getter:
             return self._recovery_action
+        if name == "nvmlDeviceGetCurrentClocksEventReasons" and self.with_clocks_getter:
+            return self._clock_reasons
         raise AttributeError(name)
+
+    def _clock_reasons(self, handle: Any) -> int:
+        reasons = self._gpu(handle).clock_reasons
+        if reasons is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return reasons
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int:
+        assert clock == self.NVML_CLOCK_SM
+        return self._gpu(handle).sm_clock
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock: int) -> int:
+        assert clock == self.NVML_CLOCK_SM
+        return self._gpu(handle).sm_max
 
     def inject_xid(self, index: int, xid: int) -> None:
         """Queue an XID critical-error event for device ``index``."""

@@ -209,3 +209,47 @@ def test_real_nvml_reads_every_device(clock: FakeClock) -> None:
         print("\n".join(logs))
     finally:
         src.close()
+
+
+def test_clocks_held_back_by_heat_or_power_are_reported_once_an_episode(
+    nvml: FakeNvml, clock: FakeClock, logs: list[str]
+) -> None:
+    src = _source(nvml, clock, logs)
+    src.start()
+    nvml.gpus[1].clock_reasons = 0x4 | 0x1  # power capped at full load, or idle: how it runs
+    assert [src.poll_once() for _ in range(5)] == [[]] * 5
+    nvml.gpus[1].clock_reasons = 0x4 | 0x40 | 0x20  # and now hot
+    nvml.gpus[1].sm_clock = 1005
+    seen = [src.poll_once() for _ in range(6)]
+    assert [len(s) for s in seen] == [0, 0, 1, 0, 0, 0]  # after 3 polls in a row, once
+    (event,) = seen[2]
+    assert (event.fault, event.accelerator, event.source) == ("gpu-slowdown", 1, Source.nvml)
+    assert event.message == (
+        "GPU 1: clocks held back by sw-thermal, hw-thermal, sw-power-cap (reasons 0x64) on 3 "
+        "polls in a row; SM clock 1005 of 1980 MHz"
+    )
+    nvml.gpus[1].clock_reasons = 0x4  # cooled down: the episode ends
+    assert src.poll_once() == []
+    clock.advance(60)
+    nvml.gpus[1].clock_reasons = 0x8  # a new one
+    again = [e for _ in range(3) for e in src.poll_once()]
+    assert [e.fault for e in again] == ["gpu-slowdown"]
+    assert again[0].id != event.id
+
+
+def test_a_moment_held_back_and_unsupported_reasons_are_quiet(
+    nvml: FakeNvml, clock: FakeClock, logs: list[str]
+) -> None:
+    nvml.gpus[0].clock_reasons = None  # NOT_SUPPORTED: asked once, then left alone
+    src = _source(nvml, clock, logs)
+    src.start()
+    nvml.gpus[1].clock_reasons = 0x80
+    assert src.poll_once() == []
+    assert src.poll_once() == []
+    nvml.gpus[1].clock_reasons = 0
+    assert src.poll_once() == []  # two polls, then clear: a moment, not an episode
+    assert not src.devices[0].clocks_supported
+    old = FakeNvml(gpus=[FakeGpu(BUSES[0], clock_reasons=0x40)], with_clocks_getter=False)
+    legacy = _source(old, clock, logs)
+    legacy.start()
+    assert [e for _ in range(3) for e in legacy.poll_once()] == []  # no getter at all

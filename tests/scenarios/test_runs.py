@@ -187,7 +187,8 @@ def test_shipped_scenario_passes(name: str, control_cache: Path, tmp_path: Path)
     unchecked = [c for c in result["checks"] if c["ok"] is None]
     assert all(c["name"].startswith("phases.") for c in unchecked), unchecked
     # a fault, a crashed node, a hung one, a hung or frozen training process
-    progress = ("injected", "SIGKILLed", "hangs:", "main thread blocked", "frozen (SIGSTOP)")
+    progress = ("injected", "SIGKILLed", "hangs:", "main thread blocked", "frozen (SIGSTOP)",
+                "throttled to")  # fmt: skip
     assert any(p in done.stderr for p in progress), done.stderr  # progress went to stderr
     assert "4 node(s), 4 process(es)" in done.stderr  # every shipped scenario: K=4
     _check_run_dir(out, name)
@@ -195,6 +196,9 @@ def test_shipped_scenario_passes(name: str, control_cache: Path, tmp_path: Path)
     assert result["timeline"] == str(out / "timeline.png")
     _check_nothing_left(Path(result["cluster_root"]))
     assert (out / "cluster" / "slurm" / "log").is_dir()  # the logs stay with the run
+    for fault in json.loads((out / "run.json").read_text())["faults"]:
+        if fault["fault"] == "cpu-throttle":  # its CPU group went with the run
+            assert not list(Path("/sys/fs/cgroup/cpu").glob(f"recover-throttle-*-{fault['pid']}"))
 
 
 @pytest.mark.slow

@@ -72,8 +72,8 @@ def test_a_good_file_loads_with_its_defaults() -> None:
          ["Unknown fault 'xid99'. Known: ", "xid79", "gpu-lost", "slurmd-crash"]),
         (GOOD + "    via: kmesg\n", 9, "faults[0].via", ["'agent' or 'kmsg'", "got 'kmesg'"]),
         (GOOD.replace("  steps: 20", "  stepz: 20"), 4, "job.stepz",
-         ["unknown key 'stepz'. Valid keys: command, long_phases, mode, model, nodes, processes, save_every, "
-          "seed, spares, step_sleep, steps"]),
+         ["unknown key 'stepz'. Valid keys: command, long_phases, mode, model, nodes, processes, "
+          "save_every, seed, spares, step_sleep, steps"]),
         (GOOD.replace("  steps: 20\n", ""), 3, "job.steps", ["required, but missing"]),
         ("descripton: x\n" + GOOD, 1, "descripton",
          ["unknown key 'descripton'. Valid keys: cluster, description, expect, "
@@ -135,8 +135,8 @@ def test_every_problem_is_listed_one_line_each() -> None:
     assert [ln.split(": ")[1] for ln in lines] == ["faults[0].fault", "faults[0].via",
                                                   "faults[0].colour"]  # fmt: skip
     assert lines[2] == (
-        "s.yaml:10: faults[0].colour: unknown key 'colour'. Valid keys: burst, crash_training, "
-        "expect, fault, gpu, node, operator, repeat, restart, via, when"
+        "s.yaml:10: faults[0].colour: unknown key 'colour'. Valid keys: burst, cpu_percent, "
+        "crash_training, expect, fault, gpu, node, operator, repeat, restart, via, when"
     )
 
 
@@ -239,3 +239,25 @@ def test_a_scenario_that_waits_for_a_requeue_cannot_run_in_allocation() -> None:
     with pytest.raises(ScenarioFileError) as e:
         with_mode(find("checkpoint-truncate"), "in-allocation")
     assert "(--mode in-allocation): faults[1].when: job: requeued never fires" in str(e.value)
+
+
+THROTTLE = GOOD.replace("  - fault: xid79\n", "  - fault: cpu-throttle\n    node: node2\nEXTRA")
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ("", "cpu-throttle needs cpu_percent (1-99: the share of a CPU left)"),
+        ("    cpu_percent: 0\n", "faults[0].cpu_percent"),
+        ("    cpu_percent: 100\n", "faults[0].cpu_percent"),
+    ],
+)
+def test_a_cpu_throttle_needs_a_share_of_a_cpu(extra: str, says: str) -> None:
+    assert says in _error(THROTTLE.replace("EXTRA", extra))
+
+
+def test_cpu_percent_belongs_to_the_throttle_only() -> None:
+    text = GOOD.replace("  - fault: xid79\n", "  - fault: xid79\n    cpu_percent: 25\n")
+    assert "cpu_percent does not apply to xid79" in _error(text)
+    ok = load_text(THROTTLE.replace("EXTRA", "    cpu_percent: 25\n"), "s.yaml", default_name="s")
+    assert ok.faults[0].cpu_percent == 25

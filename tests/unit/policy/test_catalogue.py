@@ -28,6 +28,7 @@ EXPECTED: dict[str, Verdict] = {
     "xid150": IG, "xid154": IG, "gpu-lost": X, "ecc-uncorrected": D, "row-remap-failure": X,
     "tpu-runtime-error": R, "tpu-runtime-gone": R, "node-unreachable": X, "heartbeat-lost": IG,
     "gpu-reset-required": D, "rank-hang": R, "rank-frozen": R, "job-hang": R, "node-slow": OB,
+    "gpu-slowdown": OB,
 }  # fmt: skip
 # NVSwitch SXids the Fabric Manager guide calls potentially fatal (reset GPUs and switches)
 # and always fatal (restart the host); both as reported Fatal.
@@ -41,7 +42,7 @@ SXID_HOST = [12020, 22003, 22011, *range(23001, 23018)]
 EXPECTED |= {f"sxid{n}": D for n in SXID_RESET} | {f"sxid{n}": X for n in SXID_HOST}
 JOB_FAULTS = {"xid13", "xid31", "xid43", "xid45", "job-hang"}
 #: Observed, and still an incident: tracked and shown, with no action.
-REPORTED = {"node-slow"}
+REPORTED = {"node-slow", "gpu-slowdown"}
 
 # Action kinds per fault class on a healthy node, in order.
 PLANS = {
@@ -211,3 +212,11 @@ def test_a_slow_node_is_reported_never_escalated_and_a_policy_verdict_acts(
     config = replace(PolicyConfig.default(), verdicts={"node-slow": Verdict.drain_reset})
     acted = Run(catalogue, config).send("node-slow")
     assert [type(a) for a in acted.actions] == [Drain, SaveThenRequeue, PromoteSpare]
+
+
+def test_a_gpus_slowdown_and_the_slow_node_it_causes_are_one_incident(run: Run) -> None:
+    first = run.send("gpu-slowdown")
+    second = run.send("node-slow", at=20.0)
+    assert (first.opens, second.opens) == (True, False)
+    assert second.incident == first.incident
+    assert second.actions == ()

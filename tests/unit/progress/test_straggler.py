@@ -10,7 +10,7 @@ import pytest
 
 from recovery.errors import UsageError
 from recovery.progress import Phase, Record
-from recovery.progress.straggler import StragglerConfig, StragglerWatch
+from recovery.progress.straggler import Straggler, StragglerConfig, StragglerWatch
 
 
 def _record(rank: int, steps: int, total: float) -> Record:
@@ -22,10 +22,10 @@ def _record(rank: int, steps: int, total: float) -> Record:
     )  # fmt: skip
 
 
-def _run(watch: StragglerWatch, per_step: dict[int, list[float]]) -> list[object]:
+def _run(watch: StragglerWatch, per_step: dict[int, list[float]]) -> list[Straggler | None]:
     """One look a step; ``per_step[rank][i]``: its work in step i+1. The verdicts."""
     totals = dict.fromkeys(per_step, 0.0)
-    out = []
+    out: list[Straggler | None] = []
     for i in range(len(next(iter(per_step.values())))):
         for rank, times in per_step.items():
             totals[rank] += times[i]
@@ -42,12 +42,12 @@ def test_a_persistently_slow_process_is_named_with_its_slowdown_and_cost() -> No
     assert slow_from < first + 1 <= slow_from + 20  # within a window of it starting
     found = verdicts[-1]
     assert found is not None
-    assert (found.rank, found.node, found.pid) == (1, "node2", 101)  # type: ignore[attr-defined]
-    assert found.slowdown == pytest.approx(4.0)  # type: ignore[attr-defined]
-    assert found.peers_s == pytest.approx(0.1)  # type: ignore[attr-defined]
+    assert (found.rank, found.node, found.pid) == (1, "node2", 101)
+    assert found.slowdown == pytest.approx(4.0)
+    assert found.peers_s == pytest.approx(0.1)
     # About 0.3 s a step since it went slow (30 steps): about 9 s, give or take a window.
-    assert 5.0 <= found.lost_s <= 16.0  # type: ignore[attr-defined]
-    assert "rank 1 on node2 does its share of a step in 0.400 s" in found.describe()  # type: ignore[attr-defined]
+    assert 5.0 <= found.lost_s <= 16.0
+    assert "rank 1 on node2 does its share of a step in 0.400 s" in found.describe()
 
 
 @pytest.mark.parametrize(
