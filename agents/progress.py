@@ -129,7 +129,9 @@ class ProgressSource:
             budgets, error = job_budgets(directory, self.budgets)
             if error is not None:
                 self._log(f"agent {self.node}: {error}")
-            job = self._jobs[directory] = _Job(key, StallWatch(budgets))
+            job = self._jobs[directory] = _Job(
+                key, StallWatch(budgets), straggler=StragglerWatch(budgets.straggler)
+            )
         now = self.clock.now().wall
         verdict = job.watch.observe(records, now)
         if not verdict.stalled:

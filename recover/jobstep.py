@@ -101,6 +101,7 @@ def supervise_job(
         standby_after_s=None if no_standby else standby_after,
         signal_lead_s=signal_lead,
         progress=None if no_hang_watch else (progress_dir or watched_progress(command)),
+        steps=final_step(command),
     )
     install_forwarding(supervisor)
     decision = supervisor.run()
@@ -120,6 +121,20 @@ def watched_progress(command: list[str], environ: Mapping[str, str] | None = Non
     if run_dir is None:
         return None
     return progress_dir(Path(run_dir).absolute(), environ)
+
+
+def final_step(command: list[str]) -> int | None:
+    """The command's ``--steps`` (recover train's final step); None when it names none."""
+    for i, arg in enumerate(command):
+        value = command[i + 1] if arg == "--steps" and i + 1 < len(command) else None
+        if arg.startswith("--steps="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 def register(root: typer.Typer) -> None:

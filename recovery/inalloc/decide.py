@@ -195,6 +195,44 @@ def after_hang(
     return Relaunch(layout.step, (), (), spares, why)
 
 
+def swap_gain(step_s: float, peers_s: float, steps_left: int) -> float:
+    """Seconds a relaunch without a straggler would save: its excess a step, times the steps
+    still to train."""
+    return max(0.0, step_s - peers_s) * max(0, steps_left)
+
+
+def after_slow(
+    layout: Layout,
+    node: str,
+    *,
+    gain_s: float,
+    cost_s: float,
+    relaunches: int,
+    max_relaunches: int,
+) -> Relaunch | str:
+    """A relaunch without the slow ``node`` (on a spare, the node given back), when it is
+    worth it: ``gain_s`` (:func:`swap_gain`) above ``cost_s`` (what a relaunch costs), a spare
+    and a relaunch left, and ``node`` not the batch host. Otherwise why not: the straggler is
+    only reported."""
+    if node not in layout.step:
+        return f"{node} is not in the step"
+    if node == layout.batch_host:
+        return f"{node} runs the batch script: it cannot be given back"
+    if not layout.spares:
+        return "no spare is left in the job"
+    if relaunches >= max_relaunches:
+        return f"the restart budget is spent ({max_relaunches} relaunches)"
+    if gain_s <= cost_s:
+        return f"it would save {gain_s:.1f} s, not more than a relaunch costs ({cost_s:.1f} s)"
+    spare = layout.spares[0]
+    nodes = tuple(spare if n == node else n for n in layout.step)
+    why = (
+        f"{node} is slow: relaunched on the spare {spare}, saving about {gain_s:.1f} s "
+        f"for a relaunch of about {cost_s:.1f} s"
+    )
+    return Relaunch(nodes, (), (node,), layout.spares[1:], why)
+
+
 def next_layout(layout: Layout, relaunch: Relaunch) -> Layout:
     """The layout after ``relaunch``."""
     return Layout(relaunch.nodes, relaunch.spares_left, layout.batch_host)

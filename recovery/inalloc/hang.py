@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recovery.progress import Budgets, Record, StallWatch, Verdict, job_budgets, read_records
+from recovery.progress.straggler import Straggler, StragglerConfig, StragglerWatch
 
 #: Seconds a node's clock may be behind the batch host's for its records still to count.
 CLOCK_SLACK_S = 1.0
@@ -39,7 +40,12 @@ class LaunchWatch:
     """The defaults; the job's own (``budgets.json`` beside the records) go over them."""
     error: str | None = None
     """Why the job's own budgets were not taken, when they were there and could not be."""
+    straggler: Straggler | None = None
+    """The launch's persistently slow process at the last look (None: none)."""
+    first_step_at: float | None = None
+    """When the launch first finished a step (Unix seconds): a relaunch's cost ends there."""
     _watch: StallWatch | None = None
+    _slow: StragglerWatch | None = None
 
     def records(self) -> dict[int, Record]:
         """The launch's own records, by rank (missing ones: not written yet)."""
@@ -52,12 +58,22 @@ class LaunchWatch:
             and max(rec.phase_since, rec.step_finished_at) >= since
         }
 
+    @property
+    def straggler_rule(self) -> StragglerConfig:
+        """The slow-process rule in force (the job's own once read)."""
+        return self._slow.config if self._slow is not None else self.budgets.straggler
+
     def look(self, now: float) -> Verdict:
-        """The launch's state at ``now`` (Unix seconds)."""
+        """The launch's state at ``now`` (Unix seconds); :attr:`straggler` too."""
         records = self.records()
-        if self._watch is None:
+        if self._watch is None or self._slow is None:
             if 0 not in records:  # it keeps the job's budgets before its record
                 return Verdict("unwatched", "process 0 of the launch has not reported yet")
             budgets, self.error = job_budgets(self.directory, self.budgets)
-            self._watch = StallWatch(budgets)
-        return self._watch.observe(records, now)
+            self._watch, self._slow = StallWatch(budgets), StragglerWatch(budgets.straggler)
+        finished = [rec.step_finished_at for rec in records.values() if rec.step_finished >= 0]
+        if self.first_step_at is None and finished:
+            self.first_step_at = min(finished)
+        verdict = self._watch.observe(records, now)
+        self.straggler = None if verdict.stalled else self._slow.observe(records)
+        return verdict

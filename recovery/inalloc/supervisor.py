@@ -37,6 +37,7 @@ from recovery.inalloc.decide import (
     StepDecision,
     after_hang,
     after_signalled_step,
+    after_slow,
     after_step,
     checked_status,
     ended_cleanly,
@@ -46,6 +47,7 @@ from recovery.inalloc.decide import (
     lost_wait_over,
     next_layout,
     status_after_leaving,
+    swap_gain,
     time_limit_warning,
     usr1_about,
 )
@@ -65,6 +67,10 @@ STEP_POLL_S = 0.1
 #: Seconds a stalled launch is kept, at most, for the node agents to take its processes'
 #: stacks (they judge the job about when the supervisor does, and each writes its own).
 STACKS_WAIT_S = 3.0
+#: What a relaunch is taken to cost (seconds from the decision to the next first step) until
+#: the job measured one of its own: on standbys that are up, 3 to 4 s were measured here
+#: (benchmarks/hang_bench.py, in-allocation); a larger model restores and compiles longer.
+RELAUNCH_COST_S = 10.0
 
 
 class Step(Protocol):
@@ -150,6 +156,9 @@ class Supervisor:
     budgets: Budgets = field(default_factory=Budgets)
     """The stall thresholds of :mod:`recovery.progress.stall`."""
     stacks_wait_s: float = STACKS_WAIT_S
+    steps: int | None = None
+    """The training's final step (its ``--steps``), for what a swap of a slow node would
+    save; None: unknown, and a slow node is only reported."""
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     """Unix seconds: the progress records' clock."""
@@ -161,6 +170,9 @@ class Supervisor:
     _lost_at: float | None = None
     _lost_before: tuple[str, ...] = ()
     _hung_before: tuple[str, ...] = ()
+    _relaunched_at: float | None = None
+    """When the last relaunch was decided (Unix seconds): its cost ends at its first step."""
+    _relaunch_cost_s: float | None = None
 
     def forward(self, signum: int) -> None:
         """A signal the batch script forwarded (USR1, TERM), noted here (this runs in the
@@ -195,9 +207,12 @@ class Supervisor:
         )
         relaunches = 0
         while True:
-            status, stall = self._run_step(layout, relaunches)
+            status, stall, swap = self._run_step(layout, relaunches)
             hung_before, self._hung_before = self._hung_before, ()
             decision: StepDecision
+            if swap is not None and self.signalled is None:
+                layout, relaunches = self._relaunching(layout, swap, relaunches)
+                continue
             if stall is not None and self.signalled is None:
                 culprits = [c.node for c in stall.culprits] if stall.confident else []
                 self._hung_before = tuple(culprits)
@@ -241,6 +256,7 @@ class Supervisor:
         self, layout: Layout, decision: Relaunch, relaunches: int
     ) -> tuple[Layout, int]:
         """Give back what ``decision`` releases; the next launch's layout and count."""
+        self._relaunched_at = self.wall()
         if decision.release:
             self._release(decision.release)
         relaunches += 1
@@ -268,9 +284,12 @@ class Supervisor:
             return
         self.journal("released", nodes=list(nodes), keep=keep)
 
-    def _run_step(self, layout: Layout, attempt: int) -> tuple[int, Verdict | None]:
-        """Launch the training on ``layout`` and wait for it to end: its status, and the
-        verdict that ended it when it stopped making progress (None otherwise)."""
+    def _run_step(
+        self, layout: Layout, attempt: int
+    ) -> tuple[int, Verdict | None, Relaunch | None]:
+        """Launch the training on ``layout`` and wait for it to end: its status; the verdict
+        that ended it when it stopped making progress, or the relaunch without a slow node it
+        was ended for (None otherwise)."""
         watch = None
         if self.progress is not None:
             watch = LaunchWatch(self.progress, len(layout.step), self.wall(), self.budgets)
@@ -286,7 +305,9 @@ class Supervisor:
             step.signal(self.signalled)
         standby_at = None if self.standby_after_s is None else self.clock() + self.standby_after_s
         look_at = self.clock() + LOOK_EVERY_S
-        stall = None
+        stall: Verdict | None = None
+        swap: Relaunch | None = None
+        slow_seen = False
         while True:
             self._take_signals(layout, step)
             status = step.wait(STEP_POLL_S)
@@ -297,14 +318,60 @@ class Supervisor:
                 nodes = self.slurm.job_nodes()
                 started = self.slurm.warm(nodes, self.command)
                 self.journal("standby", attempt=attempt, started=started, nodes=nodes)
-            if watch is not None and stall is None and self.clock() >= look_at:
+            if watch is not None and stall is None and swap is None and self.clock() >= look_at:
                 look_at = self.clock() + LOOK_EVERY_S
                 stall = self._stalled(watch, attempt)
-                if stall is not None:
+                self._note_relaunch_cost(watch, attempt)
+                if stall is None and watch.straggler is not None and not slow_seen:
+                    slow_seen = True  # judged once a launch
+                    swap = self._swap_for(watch, layout, attempt)
+                if stall is not None or swap is not None:
                     step.end()
         self._take_signals(layout, None)  # one that came as the step ended
         self.journal("step-ended", attempt=attempt, status=status)
-        return status, stall
+        return status, stall, swap
+
+    def _note_relaunch_cost(self, watch: LaunchWatch, attempt: int) -> None:
+        """A relaunch's cost, once its first step finished: from the decision to that step."""
+        if attempt == 0 or self._relaunched_at is None or watch.first_step_at is None:
+            return
+        cost = max(0.0, watch.first_step_at - self._relaunched_at)
+        self._relaunched_at = None
+        self._relaunch_cost_s = cost
+        self.journal("relaunch-cost", attempt=attempt, cost_s=round(cost, 3))
+
+    def _swap_for(self, watch: LaunchWatch, layout: Layout, attempt: int) -> Relaunch | None:
+        """The relaunch without the launch's straggler, when the job asked for swaps and it
+        is worth it (:func:`~recovery.inalloc.decide.after_slow`); journaled either way."""
+        slow = watch.straggler
+        assert slow is not None
+        cost = self._relaunch_cost_s if self._relaunch_cost_s is not None else RELAUNCH_COST_S
+        left = None if self.steps is None else self.steps - slow.step
+        gain = 0.0 if left is None else swap_gain(slow.step_s, slow.peers_s, left)
+        if not watch.straggler_rule.swap:
+            outcome: Relaunch | str = "the job asks for reports only (straggler.swap false)"
+        elif left is None:
+            outcome = "the training's final step is unknown"
+        else:
+            outcome = after_slow(
+                layout, slow.node, gain_s=gain, cost_s=cost, relaunches=attempt,
+                max_relaunches=self.max_relaunches,
+            )  # fmt: skip
+        self.journal(
+            "slow",
+            attempt=attempt,
+            node=slow.node,
+            rank=slow.rank,
+            step=slow.step,
+            step_s=round(slow.step_s, 4),
+            peers_s=round(slow.peers_s, 4),
+            lost_s=round(slow.lost_s, 3),
+            gain_s=round(gain, 3),
+            cost_s=round(cost, 3),
+            swap=isinstance(outcome, Relaunch),
+            why=outcome.why if isinstance(outcome, Relaunch) else outcome,
+        )
+        return outcome if isinstance(outcome, Relaunch) else None
 
     def _stalled(self, watch: LaunchWatch, attempt: int) -> Verdict | None:
         """The verdict when the launch has stopped making progress (after waiting, up to

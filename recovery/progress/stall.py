@@ -34,6 +34,7 @@ from typing import Any
 
 from recovery.errors import UsageError, unknown_choice
 from recovery.progress.record import PHASES, Phase, Record
+from recovery.progress.straggler import StragglerConfig
 
 #: Seconds a step loop may always go without a finished step.
 FLOOR_S = 5.0
@@ -60,7 +61,15 @@ WINDOW = 200
 #: A job's own thresholds, beside its records (:func:`write_job_budgets`).
 BUDGETS_FILE = "budgets.json"
 #: The keys a job may set there (``phases_s``: seconds by phase name).
-BUDGET_KEYS = ("floor_s", "factor", "learn_after", "unlearned_s", "frozen_after_s", "phases_s")
+BUDGET_KEYS = (
+    "floor_s",
+    "factor",
+    "learn_after",
+    "unlearned_s",
+    "frozen_after_s",
+    "phases_s",
+    "straggler",
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,8 @@ class Budgets:
     phases_s: Mapping[Phase, float] = field(default_factory=lambda: PHASE_BUDGETS_S)
     frozen_after_s: float = FROZEN_AFTER_S
     window: int = WINDOW
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    """The slow-process rule (:mod:`recovery.progress.straggler`), read from the same file."""
 
     def __post_init__(self) -> None:
         for name in ("floor_s", "factor", "unlearned_s", "frozen_after_s"):
@@ -98,6 +109,8 @@ class Budgets:
                 raise unknown_choice(f"{where}: key", key, BUDGET_KEYS)
             if key == "phases_s":
                 out[key] = MappingProxyType({**self.phases_s, **_phases(value, where)})
+            elif key == "straggler":
+                out[key] = self.straggler.overridden(value, f"{where}: straggler")
             elif key == "learn_after":
                 out[key] = _number(value, f"{where}: {key}", integer=True)
             else:

@@ -23,9 +23,10 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
-from recovery.errors import UsageError
+from recovery.errors import UsageError, unknown_choice
 from recovery.progress.record import Phase, Record
 
 
@@ -42,6 +43,10 @@ class StragglerConfig:
     min_excess_s: float = 0.01
     """Seconds a step it must be slower by: a ratio of a few milliseconds is noise (a
     busy machine shares its cores unevenly), a slow node costs far more."""
+    swap: bool = False
+    """A job that holds spares (in-allocation) relaunches without its straggler when what it
+    would save over its remaining steps is more than a relaunch costs; otherwise (and by
+    default) the straggler is only reported."""
 
     def __post_init__(self) -> None:
         if not self.factor > 1:
@@ -51,6 +56,30 @@ class StragglerConfig:
                 "straggler rule: window_steps >= 2, persist >= 1 and min_excess_s >= 0 "
                 f"(got {self.window_steps}, {self.persist}, {self.min_excess_s})"
             )
+
+    def overridden(self, changes: Any, where: str = "straggler") -> StragglerConfig:
+        """This rule with ``changes`` (its field names). UsageError naming the valid ones for
+        an unknown key or a value of the wrong kind or range."""
+        if not isinstance(changes, Mapping):
+            raise UsageError(f"{where}: expected a mapping of {', '.join(_FIELDS)}")
+        out: dict[str, Any] = {}
+        for key, value in changes.items():
+            if key not in _FIELDS:
+                raise unknown_choice(f"{where}: key", key, _FIELDS)
+            kind = _FIELDS[key]
+            if kind is bool and not isinstance(value, bool):
+                raise UsageError(f"{where}: {key}: expected true or false (got {value!r})")
+            if kind is not bool and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise UsageError(f"{where}: {key}: expected a number (got {value!r})")
+            if kind is int and not float(value).is_integer():
+                raise UsageError(f"{where}: {key}: expected a whole number (got {value!r})")
+            out[key] = kind(value)
+        return replace(self, **out)
+
+
+_FIELDS: dict[str, type] = {
+    f.name: {"float": float, "int": int, "bool": bool}[str(f.type)] for f in fields(StragglerConfig)
+}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from recovery.inalloc.decide import Finish, Relaunch, Requeue, after_hang, first_layout
+from recover.jobstep import final_step
+from recovery.inalloc.decide import (
+    Finish,
+    Relaunch,
+    Requeue,
+    after_hang,
+    after_slow,
+    first_layout,
+    swap_gain,
+)
 from recovery.inalloc.hang import LaunchWatch
 from recovery.inalloc.supervisor import Supervisor, SupervisorJournal
 from recovery.progress import Budgets, Phase, ProgressWriter, write_job_budgets
@@ -52,6 +61,8 @@ class TrainingStep:
     stacks: bool = True
     """The node agents write each process's stacks once it stalls."""
     max_waits: int = 5_000
+    slow_rank: int | None = None
+    """From step 10, this process takes 0.4 s of its own work a step, its peers 0.1 s."""
     pid: int = 1
     warm: list[str] = field(default_factory=list)
     ended: bool = False
@@ -88,7 +99,8 @@ class TrainingStep:
                 w.step_started(self.step + 1)  # waits in the collective with the lost peer
                 continue
             w.step_started(self.step + 1)
-            w.step_finished(self.step + 1)
+            slow = r == self.slow_rank and self.step >= 10
+            w.step_finished(self.step + 1, compute_s=0.4 if slow else 0.1)
         if hung:
             if self.stacks:
                 for r in range(len(self._writers)):
@@ -126,6 +138,8 @@ class HangJob:
     released: list[list[str]] = field(default_factory=list)
     steps: list[TrainingStep] = field(default_factory=list)
     step_kw: dict[str, object] = field(default_factory=dict)
+    launch_kw: list[dict[str, object]] = field(default_factory=list)
+    """Launch i's own settings over ``step_kw``."""
 
     def job_nodes(self) -> list[str]:
         return list(self.nodes)
@@ -142,9 +156,10 @@ class HangJob:
         self.launches.append(list(nodes))
         self.wall.now += 1.0  # the processes start after the launch
         rank = self.hang_ranks[i] if i < len(self.hang_ranks) else 1
+        kw = {**self.step_kw, **(self.launch_kw[i] if i < len(self.launch_kw) else {})}
         step = TrainingStep(
             self.directory, list(nodes), self.wall, hang_at=self.hangs[i], hang_rank=rank,
-            **self.step_kw,  # type: ignore[arg-type]
+            **kw,  # type: ignore[arg-type]
         )  # fmt: skip
         self.steps.append(step)
         return step
@@ -343,3 +358,60 @@ def test_budgets_that_cannot_be_taken_are_journaled_and_the_defaults_judge(
     assert "Unknown" in str(refused["error"])
     assert "flor_s" in str(refused["error"])
     assert float(_events(journal, "stalled")[0]["idle_s"]) < 6.0  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("swap", "steps", "swapped", "why"),
+    [
+        (True, 200, True, "n3 is slow: relaunched on the spare n4, saving about"),
+        (False, 200, False, "the job asks for reports only (straggler.swap false)"),
+        (True, 40, False, "not more than a relaunch costs (10.0 s)"),
+    ],
+)
+def test_a_slow_node_is_swapped_for_a_spare_only_when_asked_and_worth_it(
+    tmp_path: Path, swap: bool, steps: int, swapped: bool, why: str
+) -> None:
+    job = _job(
+        tmp_path, [None, None], step_kw={"steps": steps},
+        launch_kw=[{"slow_rank": 1}, {}],
+    )  # fmt: skip
+    write_job_budgets(job.directory, {"straggler": {"swap": swap}})
+    decision, journal = _supervise(job, tmp_path, steps=steps)
+    assert decision == Finish(0, "the training step completed")
+    (slow,) = _events(journal, "slow")
+    assert (slow["node"], slow["rank"], slow["swap"]) == ("n3", 1, swapped)
+    assert slow["step_s"] == pytest.approx(0.4)
+    assert slow["peers_s"] == pytest.approx(0.1)
+    assert why in str(slow["why"])
+    if swapped:
+        assert job.launches == [["n2", "n3"], ["n2", "n4"]]
+        assert job.released == [["n1", "n2", "n4"]]
+        # What the relaunch cost is measured for the next decision: decision to first step.
+        assert float(_events(journal, "relaunch-cost")[0]["cost_s"]) > 0  # type: ignore[arg-type]
+    else:
+        assert job.launches == [["n2", "n3"]]
+        assert job.released == []
+    assert not _events(journal, "stalled")
+
+
+def test_after_slow_rules() -> None:
+    layout = first_layout(["n1", "n2", "n3", "n4"], "n1", 2)  # step n2 n3, spares n4 n1
+    kw = {"gain_s": 50.0, "cost_s": 10.0, "relaunches": 0, "max_relaunches": 3}
+    swap = after_slow(layout, "n3", **kw)  # type: ignore[arg-type]
+    assert isinstance(swap, Relaunch)
+    assert (swap.nodes, swap.release, swap.spares_left) == (("n2", "n4"), ("n3",), ("n1",))
+    assert after_slow(layout, "n9", **kw) == "n9 is not in the step"  # type: ignore[arg-type]
+    spent = {**kw, "relaunches": 3}
+    assert "budget is spent" in str(after_slow(layout, "n3", **spent))  # type: ignore[arg-type]
+    last = first_layout(["n1", "n2"], "n1", 2)  # step n2 n1: the batch host trains
+    assert "runs the batch script" in str(after_slow(last, "n1", **kw))  # type: ignore[arg-type]
+    assert "no spare" in str(after_slow(last, "n2", **kw))  # type: ignore[arg-type]
+    assert swap_gain(0.4, 0.1, 100) == pytest.approx(30.0)
+    assert swap_gain(0.1, 0.4, 100) == 0.0
+
+
+def test_the_final_step_is_read_from_the_command() -> None:
+    assert final_step(["recover", "train", "--steps", "300"]) == 300
+    assert final_step(["recover", "train", "--steps=40"]) == 40
+    assert final_step(["recover", "train"]) is None
+    assert final_step(["recover", "train", "--steps", "many"]) is None

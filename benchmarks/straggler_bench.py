@@ -1,0 +1,148 @@
+"""A slow node's cost, and what swapping it out saves, on the real local cluster: the shipped
+``slow-node`` scenario in-allocation (4 ``recover train`` processes of mlp-medium plus one
+spare node in the job; node2's process held to 10 % of a CPU at step 30), run N times in each
+of three ways:
+
+* **healthy**: the same job with no fault (the scenario file with ``faults: []``);
+* **left in**: the slow node is reported (``node-slow``) and kept, the default;
+* **swapped**: the job asks for swaps (``RECOVER_STALL_BUDGETS='{"straggler": {"swap":
+  true}}'``): its supervisor relaunches without the slow node, on the job's spare, from the
+  survivors' memory, when that saves more than a relaunch costs.
+
+    .venv/bin/python -m benchmarks.straggler_bench [--runs 5] [--slurm auto] [--out DIR]
+        [--json out.json]
+
+Each run's **job wall time** is process 0's first ``started`` -> last ``completed`` event of
+the training (every relaunch included). Printed: the p50 (and worst) of each way, their ratio
+to healthy against the issue's target (swapped <= 1.2x healthy where leaving the node in
+costs about 2x), when the slow node was named (``node-slow`` decided, seconds after the
+throttle), and whether each run passed its scenario's expectations. Needs root (the local
+cluster and the CPU quota).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scenarios.loader import find
+
+SCENARIO = "slow-node"
+TARGET_SWAPPED = 1.2
+WAYS = ("healthy", "left-in", "swapped")
+SWAP = json.dumps({"straggler": {"swap": True}})
+
+
+def healthy_file(directory: Path) -> Path:
+    """The scenario without its fault: the job it slows, run undisturbed."""
+    found = find(SCENARIO)
+    assert found.path is not None
+    doc = yaml.safe_load(found.path.read_text())
+    doc["faults"] = []
+    doc["expect"] = {"incidents": 0, "max_requeues": 0}
+    doc["description"] = "slow-node's job with no fault (straggler_bench's baseline)"
+    path = directory / "slow-node-healthy.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def one_run(way: str, scenario: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.pop("RECOVER_STALL_BUDGETS", None)
+    if way == "swapped":
+        env["RECOVER_STALL_BUDGETS"] = SWAP
+    cmd = [sys.executable, "-m", "recover", "scenario", "run", scenario, "--out", str(out),
+           "--json", "--no-budgets", "--slurm", args.slurm, "--mode", "in-allocation"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False, env=env)
+    result = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+    row: dict[str, Any] = {"way": way, "passed": bool(result.get("passed"))}
+    if not row["passed"]:
+        row["error"] = done.stderr[-800:]
+    row["wall_s"] = _job_wall(out / "job" / "events.jsonl")
+    row.update(_noticed(out))
+    journal = out / "supervisor-1.jsonl"
+    if journal.exists():
+        events = [json.loads(line) for line in journal.read_text().splitlines()]
+        slow = [e for e in events if e["event"] == "slow"]
+        row["swap"] = [e["swap"] for e in slow]
+        row["why"] = [e["why"] for e in slow]
+        row["relaunches"] = sum(e["event"] == "relaunch" for e in events)
+    return row
+
+
+def _job_wall(events: Path) -> float | None:
+    """Process 0's first ``started`` to its last ``completed`` (seconds)."""
+    if not events.exists():
+        return None
+    rows = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    started = [e["ts"] for e in rows if e.get("event") == "started"]
+    completed = [e["ts"] for e in rows if e.get("event") == "completed"]
+    return completed[-1] - started[0] if started and completed else None
+
+
+def _noticed(out: Path) -> dict[str, Any]:
+    """Seconds from the throttle to the coordinator's node-slow decision."""
+    try:
+        report = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    for inc in report.get("incidents") or []:
+        marks = inc.get("marks") or {}
+        if inc.get("fault") == "node-slow" and "decided" in marks and "fault" in marks:
+            return {"noticed_s": marks["decided"] - marks["fault"], "node": inc.get("node")}
+    return {}
+
+
+def _p50(values: list[float]) -> str:
+    return f"{statistics.median(values):7.1f} s (worst {max(values):7.1f} s)" if values else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--slurm", default="auto")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    base = args.out or Path(tempfile.mkdtemp(prefix="straggler-bench-"))
+    base.mkdir(parents=True, exist_ok=True)
+    scenarios = {"healthy": str(healthy_file(base)), "left-in": SCENARIO, "swapped": SCENARIO}
+    rows = []
+    for i in range(args.runs):
+        for way in WAYS:
+            row = one_run(way, scenarios[way], base / f"{way}-{i}", args)
+            rows.append(row)
+            print(f"  run {i + 1}/{args.runs} {way}: {json.dumps(row)[:400]}", file=sys.stderr)
+    print(f"slow node (10 % of a CPU on node2's process from step 30), mlp-medium, 4 processes "
+          f"+ 1 spare, in-allocation, {args.runs} run(s) each (runs in {base})")  # fmt: skip
+    walls = {w: [r["wall_s"] for r in rows if r["way"] == w and r.get("wall_s")] for w in WAYS}
+    healthy = statistics.median(walls["healthy"]) if walls["healthy"] else None
+    for way in WAYS:
+        mine = [r for r in rows if r["way"] == way]
+        ratio = ""
+        if healthy and walls[way]:
+            ratio = f"{statistics.median(walls[way]) / healthy:5.2f}x healthy"
+            if way == "swapped":
+                ratio += f" (target <= {TARGET_SWAPPED:g}x)"
+        passed = sum(r["passed"] for r in mine)
+        print(f"  {way:<8} job wall {_p50(walls[way])}  {ratio}  passed {passed}/{len(mine)}")
+    noticed = [r["noticed_s"] for r in rows if r.get("noticed_s") is not None]
+    print(f"  node-slow decided {_p50(noticed)} after the throttle")
+    swaps = [r.get("swap") for r in rows if r["way"] == "swapped"]
+    print(f"  swapped runs' decisions: {swaps}")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "target_swapped": TARGET_SWAPPED}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
