@@ -40,7 +40,7 @@ from recovery.ports.clock import Clock
 from recovery.proc import alive
 from recovery.progress import Budgets, Record, StallWatch, Verdict, job_budgets, read_records
 from recovery.progress.registry import Entry, entries
-from recovery.progress.stacks import STACKS, missing, write_stacks
+from recovery.progress.stacks import STACKS, missing, write_slow_report, write_stacks
 from recovery.progress.straggler import Straggler, StragglerWatch
 
 Log = Callable[[str], None]
@@ -169,7 +169,12 @@ class ProgressSource:
             return None
         job.slow_reported = True
         name = f"job {slurm_job}" if slurm_job else f"the job in {directory}"
-        return self._slow_event(name, found, records, now)
+        event = self._slow_event(name, found, records, now)
+        try:  # for the job's supervisor, which waits for it before it swaps the node out
+            write_slow_report(directory, records[found.rank], event.message, now)
+        except OSError as e:
+            self._log(f"agent {self.node}: cannot keep the slow report in {directory}: {e}")
+        return event
 
     def _slow_event(
         self, job: str, found: Straggler, records: dict[int, Record], now: float

@@ -1,7 +1,8 @@
 """A slow node's cost, and what swapping it out saves, on the real local cluster: the shipped
 ``slow-node`` scenario in-allocation (4 ``recover train`` processes of mlp-medium plus one
-spare node in the job; node2's process held to 10 % of a CPU at step 30), run N times in each
-of three ways:
+spare node in the job; node2's process held to 10 % of a CPU at step 30), its job made
+``--steps`` long (320: detection and a relaunch cost about the same whatever the length, so
+a short job hides what a swap saves), run N times in each of three ways:
 
 * **healthy**: the same job with no fault (the scenario file with ``faults: []``);
 * **left in**: the slow node is reported (``node-slow``) and kept, the default;
@@ -9,8 +10,8 @@ of three ways:
   true}}'``): its supervisor relaunches without the slow node, on the job's spare, from the
   survivors' memory, when that saves more than a relaunch costs.
 
-    .venv/bin/python -m benchmarks.straggler_bench [--runs 5] [--slurm auto] [--out DIR]
-        [--json out.json]
+    .venv/bin/python -m benchmarks.straggler_bench [--runs 5] [--steps 320] [--slurm auto]
+        [--out DIR] [--json out.json]
 
 Each run's **job wall time** is process 0's first ``started`` -> last ``completed`` event of
 the training (every relaunch included). Printed: the p50 (and worst) of each way, their ratio
@@ -42,17 +43,23 @@ WAYS = ("healthy", "left-in", "swapped")
 SWAP = json.dumps({"straggler": {"swap": True}})
 
 
-def healthy_file(directory: Path) -> Path:
-    """The scenario without its fault: the job it slows, run undisturbed."""
+def scenario_files(directory: Path, steps: int) -> dict[str, str]:
+    """The scenario with its job ``steps`` long, and the same without its fault (the job it
+    slows, undisturbed), as files in ``directory``; by way."""
     found = find(SCENARIO)
     assert found.path is not None
     doc = yaml.safe_load(found.path.read_text())
+    doc["job"]["steps"] = steps
+    doc["job"]["save_every"] = max(1, steps // 2)
+    doc["timeout_s"] = max(int(doc.get("timeout_s", 300)), 6 * steps)
+    slow = directory / "slow-node.yaml"
+    slow.write_text(yaml.safe_dump(doc, sort_keys=False))
     doc["faults"] = []
     doc["expect"] = {"incidents": 0, "max_requeues": 0}
     doc["description"] = "slow-node's job with no fault (straggler_bench's baseline)"
-    path = directory / "slow-node-healthy.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    healthy = directory / "slow-node-healthy.yaml"
+    healthy.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return {"healthy": str(healthy), "left-in": str(slow), "swapped": str(slow)}
 
 
 def one_run(way: str, scenario: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -110,20 +117,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--slurm", default="auto")
+    parser.add_argument(
+        "--steps", type=int, default=320, help="the job's length (the scenario's is 160)"
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     base = args.out or Path(tempfile.mkdtemp(prefix="straggler-bench-"))
     base.mkdir(parents=True, exist_ok=True)
-    scenarios = {"healthy": str(healthy_file(base)), "left-in": SCENARIO, "swapped": SCENARIO}
+    scenarios = scenario_files(base, args.steps)
     rows = []
     for i in range(args.runs):
         for way in WAYS:
             row = one_run(way, scenarios[way], base / f"{way}-{i}", args)
             rows.append(row)
             print(f"  run {i + 1}/{args.runs} {way}: {json.dumps(row)[:400]}", file=sys.stderr)
-    print(f"slow node (10 % of a CPU on node2's process from step 30), mlp-medium, 4 processes "
-          f"+ 1 spare, in-allocation, {args.runs} run(s) each (runs in {base})")  # fmt: skip
+    print(f"slow node (10 % of a CPU on node2's process from step 30), mlp-medium to step "
+          f"{args.steps}, 4 processes + 1 spare, in-allocation, {args.runs} run(s) each "
+          f"(runs in {base})")  # fmt: skip
     walls = {w: [r["wall_s"] for r in rows if r["way"] == w and r.get("wall_s")] for w in WAYS}
     healthy = statistics.median(walls["healthy"]) if walls["healthy"] else None
     for way in WAYS:

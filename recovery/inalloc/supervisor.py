@@ -53,7 +53,7 @@ from recovery.inalloc.decide import (
 )
 from recovery.inalloc.hang import LOOK_EVERY_S, LaunchWatch
 from recovery.progress import Budgets, Verdict
-from recovery.progress.stacks import missing
+from recovery.progress.stacks import missing, slow_reported
 
 #: Seconds the supervisor waits, after a failed step, for Slurm to name a lost node.
 DEFAULT_GRACE_S = 30.0
@@ -67,6 +67,9 @@ STEP_POLL_S = 0.1
 #: Seconds a stalled launch is kept, at most, for the node agents to take its processes'
 #: stacks (they judge the job about when the supervisor does, and each writes its own).
 STACKS_WAIT_S = 3.0
+#: Seconds a swap waits, at most, for the slow node's agent to report it: the agents look
+#: once a second and need as many looks in a row as the supervisor, which looks twice as often.
+SLOW_REPORT_WAIT_S = 6.0
 #: What a relaunch is taken to cost (seconds from the decision to the next first step) until
 #: the job measured one of its own: on standbys that are up, 3 to 4 s were measured here
 #: (benchmarks/hang_bench.py, in-allocation); a larger model restores and compiles longer.
@@ -156,6 +159,7 @@ class Supervisor:
     budgets: Budgets = field(default_factory=Budgets)
     """The stall thresholds of :mod:`recovery.progress.stall`."""
     stacks_wait_s: float = STACKS_WAIT_S
+    slow_report_wait_s: float = SLOW_REPORT_WAIT_S
     steps: int | None = None
     """The training's final step (its ``--steps``), for what a swap of a slow node would
     save; None: unknown, and a slow node is only reported."""
@@ -371,7 +375,17 @@ class Supervisor:
             swap=isinstance(outcome, Relaunch),
             why=outcome.why if isinstance(outcome, Relaunch) else outcome,
         )
-        return outcome if isinstance(outcome, Relaunch) else None
+        if not isinstance(outcome, Relaunch):
+            return None
+        # The node's agent reports it (the incident) from the same records: give it a moment,
+        # as for a hang's stacks; once the launch ends there is nothing left to report.
+        deadline = self.clock() + self.slow_report_wait_s
+        while not slow_reported(watch.directory, slow.rank, watch.launched_at):
+            if self.clock() >= deadline:
+                self.journal("slow-unreported", attempt=attempt, node=slow.node, rank=slow.rank)
+                break
+            self.sleep(POLL_S)
+        return outcome
 
     def _stalled(self, watch: LaunchWatch, attempt: int) -> Verdict | None:
         """The verdict when the launch has stopped making progress (after waiting, up to

@@ -1,8 +1,10 @@
-"""Where a stalled job's stacks are kept, and how: one text file per process,
-``<progress dir>/stacks/rank<r>.txt``, whose first line names the process and ends with
-``at <Unix seconds>``, when they were taken. The node agents write them (they can read a
-process's stacks on their own node); the job's supervisor waits for them before it ends a
-stalled launch, and the report marks when they were taken."""
+"""What the node agents keep beside a job's progress records for whoever acts on it: a
+stalled job's stacks, one text file per process, ``<progress dir>/stacks/rank<r>.txt``, whose
+first line names the process and ends with ``at <Unix seconds>``, when they were taken; and a
+slow process's report, ``<progress dir>/slow/rank<r>.txt`` (the same first line). The agents
+write them (they can read a process's stacks on their own node, and they report to the
+coordinator); the job's supervisor waits for them before it ends a launch, so that the
+diagnosis and the incident come first, and the report marks when the stacks were taken."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from pathlib import Path
 
 from recovery.progress.record import Record
 
-#: The folder under the progress directory.
+#: The folders under the progress directory.
 STACKS = "stacks"
+SLOW = "slow"
 #: Stacks taken this long before a stall was judged are still its own: each agent judges the
 #: job on its own, about once a second, so theirs come within a second or two of each other.
 SAME_STALL_S = 10.0
@@ -55,3 +58,18 @@ def fresh(directory: Path, rank: int, since: float) -> bool:
 def missing(directory: Path, ranks: list[int], since: float) -> list[int]:
     """Of ``ranks``, those with no stacks taken for the stall judged at ``since``."""
     return [r for r in ranks if not fresh(directory, r, since)]
+
+
+def write_slow_report(directory: Path, rec: Record, text: str, at: float) -> Path:
+    """Keep the agent's report of ``rec``'s process as the job's straggler (OSError when the
+    folder cannot be written)."""
+    path = directory / SLOW / f"rank{rec.rank}.txt"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(f"rank {rec.rank} pid {rec.pid} on {rec.node}, at {at:.3f}\n{text}\n")
+    return path
+
+
+def slow_reported(directory: Path, rank: int, since: float) -> bool:
+    """An agent reported process ``rank`` slow at ``since`` or later."""
+    at = taken_at(directory / SLOW / f"rank{rank}.txt")
+    return at is not None and at >= since

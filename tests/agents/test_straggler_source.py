@@ -51,3 +51,7 @@ def test_the_slow_processs_own_agent_reports_it_once(tmp_path: Path, slow_rank: 
         "peers (4.0x, since step"
     )
     assert "the job has lost about" in event.message
+    # Kept beside the records too, for the job's supervisor (it waits for it before a swap).
+    kept = (directory / "slow" / "rank1.txt").read_text()
+    assert kept.startswith("rank 1 pid ")
+    assert event.message in kept

@@ -23,8 +23,8 @@ from recovery.inalloc.decide import (
 )
 from recovery.inalloc.hang import LaunchWatch
 from recovery.inalloc.supervisor import Supervisor, SupervisorJournal
-from recovery.progress import Budgets, Phase, ProgressWriter, write_job_budgets
-from recovery.progress.stacks import stacks_path
+from recovery.progress import Budgets, Phase, ProgressWriter, read_record, write_job_budgets
+from recovery.progress.stacks import stacks_path, write_slow_report
 
 #: Learned after one step: the tests need not train long to be judged.
 BUDGETS = Budgets(floor_s=5.0, factor=10.0, learn_after=1)
@@ -384,6 +384,8 @@ def test_a_slow_node_is_swapped_for_a_spare_only_when_asked_and_worth_it(
     assert slow["peers_s"] == pytest.approx(0.1)
     assert why in str(slow["why"])
     if swapped:
+        # No agent here: the report the supervisor gives it a moment for never came.
+        assert [e["node"] for e in _events(journal, "slow-unreported")] == ["n3"]
         assert job.launches == [["n2", "n3"], ["n2", "n4"]]
         assert job.released == [["n1", "n2", "n4"]]
         # What the relaunch cost is measured for the next decision: decision to first step.
@@ -415,3 +417,17 @@ def test_the_final_step_is_read_from_the_command() -> None:
     assert final_step(["recover", "train", "--steps=40"]) == 40
     assert final_step(["recover", "train"]) is None
     assert final_step(["recover", "train", "--steps", "many"]) is None
+
+
+def test_a_swap_waits_for_the_agents_report_of_the_slow_node(tmp_path: Path) -> None:
+    job = _job(tmp_path, [None, None], step_kw={"steps": 200}, launch_kw=[{"slow_rank": 1}, {}])
+    write_job_budgets(job.directory, {"straggler": {"swap": True}})
+    # The node's agent reported it (agents/progress.py keeps the report beside the records).
+    agent = ProgressWriter(tmp_path / "elsewhere", rank=1, size=2, node="n3", clock=job.wall)
+    job.wall.now += 1.5  # after the launch began
+    write_slow_report(job.directory, read_record(agent.path), "rank 1 on n3 ...", job.wall.now)
+    decision, journal = _supervise(job, tmp_path, steps=200)
+    assert decision == Finish(0, "the training step completed")
+    assert [e["swap"] for e in _events(journal, "slow")] == [True]
+    assert not _events(journal, "slow-unreported")
+    agent.close()
