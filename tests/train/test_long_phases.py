@@ -66,15 +66,15 @@ def test_long_phases_change_nothing_of_the_training(tmp_path: Path) -> None:
     gone through (the evaluation's loss logged, the pause said)."""
     said: list[str] = []
     plain = run_training(_opts(tmp_path / "plain", LongPhases()), handle_signals=False)
-    long = LongPhases(save_delay=0.2, eval_every=4, eval_seconds=0.2, pause_at=5,
-                      pause_seconds=0.2, first_step_delay=0.2)  # fmt: skip
+    long = LongPhases(save_delay=0.1, eval_every=4, eval_seconds=0.1, pause_at=5,
+                      pause_seconds=0.1, first_step_delay=0.1)  # fmt: skip
     t = time.monotonic()
     slow = run_training(_opts(tmp_path / "slow", long), handle_signals=False, log=said.append)
     assert (slow.step, slow.state_digest) == (plain.step, plain.state_digest)
-    assert time.monotonic() - t >= 0.2 * 5  # two saves (3 and 6), one evaluation, a pause
+    assert time.monotonic() - t >= 0.1 * 5  # two saves (3 and 6), one evaluation, a pause
     (evaluation,) = [m for m in said if m.startswith("recover: evaluation")]  # 8 is the last
     assert evaluation.startswith("recover: evaluation after step 4: held-out loss ")
-    assert "recover: paused after step 5 for 0.2 s" in said
+    assert "recover: paused after step 5 for 0.1 s" in said
 
 
 def test_a_preemption_signal_ends_a_pause(tmp_path: Path) -> None:
