@@ -11,7 +11,6 @@ from typing import Annotated
 
 import typer
 
-from recovery.api.progress import progress_dir
 from recovery.errors import UsageError
 from recovery.inalloc.decide import DEFAULT_MAX_RELAUNCHES, decision_line, exit_status
 from recovery.inalloc.supervisor import (
@@ -120,6 +119,9 @@ def watched_progress(command: list[str], environ: Mapping[str, str] | None = Non
             run_dir = arg.split("=", 1)[1]
     if run_dir is None:
         return None
+    # recovery.api brings numpy with it: not for every command line that loads this module.
+    from recovery.api.progress import progress_dir
+
     return progress_dir(Path(run_dir).absolute(), environ)
 
 

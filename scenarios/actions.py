@@ -312,6 +312,12 @@ def _block_main_thread(pid: int) -> None:
     # the whole process stopped, for seconds under load - a freeze, not the hang wanted here.
     quick = ["-nx", "-iex", "set auto-load off", "-iex", "set auto-solib-add off",
              "-ex", "sharedlibrary libc"]  # fmt: skip
+    # A blocking system call (a read on a stuck filesystem) runs with the GIL released, so
+    # the process's other threads, its liveness thread among them, run on. Interrupted in
+    # Python code instead, the injected call would hold the GIL and stop every thread: a
+    # freeze, not this hang (seen under load: the agents then saw rank-frozen). So attach
+    # while the main thread waits in Python's own sleep, which released the GIL.
+    _wait_for_released_gil(pid)
     proc = subprocess.Popen(
         [gdb, "-p", str(pid), "-batch", *quick, "-ex", "call (int)sleep(600)"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -386,6 +392,25 @@ def release_throttles() -> list[str]:
         except OSError as e:
             left.append(f"{group}: {e}")
     return left
+
+
+#: Seconds to wait for the main thread to be in a call that released the GIL.
+GIL_FREE_WAIT_S = 10.0
+
+
+def _wait_for_released_gil(pid: int) -> None:
+    """Until the main thread of ``pid`` is in Python's ``time.sleep`` (clock_nanosleep on
+    CLOCK_MONOTONIC, absolute: x86-64 syscall 230 with 1, 1), at most
+    :data:`GIL_FREE_WAIT_S`; a loop with no sleep between its steps is attached as it is."""
+    deadline = time.monotonic() + GIL_FREE_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            call = Path(f"/proc/{pid}/task/{pid}/syscall").read_text().split()
+        except OSError:
+            return
+        if call[:3] == ["230", "0x1", "0x1"]:
+            return
+        time.sleep(0.002)
 
 
 def _sleeping(pid: int) -> bool:

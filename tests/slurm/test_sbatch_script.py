@@ -50,6 +50,7 @@ def test_training_job_options() -> None:
         "open-mode": "append",
         "signal": "B:USR1@90",
         "job-name": "recover-train",
+        "comment": "recover:train",  # our mark, whatever the name (recovery/contract/jobmark.py)
     }
     assert list(job.extra_args) == ["--time=5", "-N", "1"]
     assert "'/runs/demo 1'" in job.script
