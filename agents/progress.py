@@ -164,9 +164,7 @@ class ProgressSource:
         """``node-slow`` when the job's straggler runs here (once per launch)."""
         found = job.straggler.observe(records)
         if found is None or job.slow_reported or found.rank not in here:
-            return None
-        if found.node != self.node:
-            return None
+            return None  # none, told already, or another node's agent tells it
         job.slow_reported = True
         name = f"job {slurm_job}" if slurm_job else f"the job in {directory}"
         event = self._slow_event(name, found, records, now)
