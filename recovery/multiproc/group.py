@@ -217,6 +217,8 @@ class Group:
             self._leaving = True
         with contextlib.suppress(GroupError):
             self._send({"op": "abort", "reason": reason[:2000], "status": status})
+            if self._hub is not None:  # ours: let it read the abort and tell the others first
+                self._hub.wait_told(2.0)
         self._close()
 
     def _close(self) -> None:

@@ -83,6 +83,7 @@ class Hub:
         self._joined = False
         self._broken = False
         self._broken_msg: wire.Message = {}
+        self._told = threading.Event()
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
         self._waker_r: socket.socket | None = None
@@ -112,6 +113,19 @@ class Hub:
                 self._waker_w.send(b"x")
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
+
+    def wait_told(self, timeout_s: float) -> bool:
+        """Wait until the others have been sent news of a loss (or the hub stopped); True if
+        they were. Process 0 failing on its own calls this before it closes the hub, or the
+        hub could stop before it read process 0's own ``abort`` and the others would only see
+        the connection close, without the reason or the status."""
+        if not self._react:
+            return False
+        deadline = time.monotonic() + timeout_s
+        while not self._told.wait(0.01):
+            if self._stop.is_set() or time.monotonic() > deadline:
+                return self._told.is_set()
+        return True
 
     def wait_closed(self, timeout_s: float) -> bool:
         """Wait until the hub stopped by itself (every rank left); True if it did."""
@@ -277,6 +291,7 @@ class Hub:
         self._broken = True
         self._broken_msg = {"op": "lost", "rank": rank, "reason": reason, "status": status}
         self._broadcast(self._broken_msg, skip=rank)
+        self._told.set()
 
     def _broadcast(self, msg: wire.Message, *, skip: int | None = None) -> None:
         data = wire.encode(msg)

@@ -122,6 +122,34 @@ def test_an_abort_carries_the_reason_and_status(form: Any) -> None:
     assert 1 not in losses
 
 
+def test_process_0s_abort_reaches_the_others_before_its_hub_closes(
+    form: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Process 0 hosts the hub: its abort must be read and passed on before the hub goes, or
+    the others see only a closed connection (no reason, no status). Here the hub thread is
+    held between two turns of its loop (in its heartbeat) while process 0 aborts, as a loaded
+    machine holds it: closing the hub at once would end the loop before it reads the abort."""
+    held, holding = threading.Event(), threading.Event()
+    heartbeat = Hub._heartbeat
+
+    def slow_heartbeat(hub: Hub, now: float) -> None:
+        if held.is_set():
+            holding.set()
+            time.sleep(0.3)
+            held.clear()
+        heartbeat(hub, now)
+
+    monkeypatch.setattr(Hub, "_heartbeat", slow_heartbeat)
+    groups, losses = form(2)
+    held.set()
+    _wait(holding.is_set, "the hub thread to be held")
+    groups[0].abort("RunLockedError: in use", status=3)
+    _wait(lambda: 1 in losses, "process 1 to hear of the loss")
+    assert losses[1].rank == 0
+    assert losses[1].status == 3, losses[1]
+    assert "RunLockedError: in use" in losses[1].reason
+
+
 def test_a_member_that_falls_silent_is_lost_after_the_silence(form: Any) -> None:
     """A node that vanished without closing anything (power loss): no more heartbeats."""
     port = free_port()
