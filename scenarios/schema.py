@@ -136,8 +136,8 @@ Top level
     ``in_service: [nodes]`` (in service at the end: kept, or returned and promoted);
     ``max_requeues: N`` (times Slurm requeued the job); ``phases: {name: seconds}``: budgets
     for the report's phases of every incident
-    (``detection``, ``stall``, ``take_out``, ``requeue_wait``, ``replacement``, ``job_restart``,
-    ``restore``, ``warmup``, ``recompute``, ``no_progress``).
+    (``detection``, ``diagnose``, ``stall``, ``take_out``, ``requeue_wait``, ``replacement``,
+    ``job_restart``, ``restore``, ``warmup``, ``recompute``, ``no_progress``).
 
 ``expect_in_allocation`` - the expectations that differ when the job runs in-allocation
     (the keys of ``expect``; those given replace ``expect``'s, the rest are kept).

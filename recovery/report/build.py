@@ -4,16 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from recovery.contract.jobmark import PROGRESS_FAULTS
 from recovery.errors import UsageError
 from recovery.model import Drain, TakeDown
 from recovery.ports.journal import PhaseName
 from recovery.ports.slurm import mark
-from recovery.report.goodput import goodput_ranks
+from recovery.report.goodput import SlowWindow, goodput_ranks
 from recovery.report.model import ActionLine, IncidentReport, Report
 from recovery.report.phases import incident_phases, match_fault
 from recovery.report.processes import Process, split_processes
 from recovery.report.restarts import restarts, steps_recomputed
-from recovery.report.run import INCIDENTS_FILE, RUN_FILE, ActionEntry, Incident, RunRecord
+from recovery.report.run import (
+    INCIDENTS_FILE,
+    RUN_FILE,
+    ActionEntry,
+    Incident,
+    RunRecord,
+    SupervisorEntry,
+)
+from recovery.report.slowdown import Slowdown, slowdowns
 
 
 def _slurm_reason(a: ActionEntry) -> str | None:
@@ -35,12 +44,16 @@ def _step_at(processes: Sequence[Process], at: float) -> int | None:
     return done[-1] if done else None
 
 
-def _interrupted(processes: Sequence[Process], successor: int | None, fault_at: float) -> str:
+def _interrupted(
+    processes: Sequence[Process], successor: int | None, fault_at: float, ended: float | None
+) -> str:
+    """How the process running at the fault ended; ``ended``: when its supervisor saw the
+    launch end (a hung process writes nothing after its last update, yet runs until then)."""
     if successor is None or successor == 0:
         return ""
     p = processes[successor - 1]
     last = p.last_step.step if p.last_step else None
-    when = f"{p.end - fault_at:+.2f} s from the fault"
+    when = f"{max(p.end, ended or p.end) - fault_at:+.2f} s from the fault"
     if p.outcome == "preempted":
         return (
             f"the job ran on to step {last} and, when stopped ({when}), saved step "
@@ -107,6 +120,35 @@ def _taken_out_as(incident: Incident) -> str | None:
     return "DOWN" if taken[0].kind == TakeDown.kind else "DRAIN"
 
 
+def _said(e: SupervisorEntry) -> str:
+    """One supervisor journal entry in words."""
+    d = e.data
+    if e.event == "stalled":
+        return f"{d.get('why', '')} at step {d.get('step')} ({d.get('idle_s')} s idle)"
+    if e.event == "stacks":
+        missing = d.get("missing") or []
+        return f"every rank's stacks in {d.get('folder')}" + (
+            f"; none from rank(s) {', '.join(map(str, missing))}" if missing else ""
+        )
+    if e.event == "step-ended":
+        return f"the launch ended with status {d.get('status')}"
+    if e.event in ("relaunch", "slow"):
+        return str(d.get("why", ""))
+    if e.event == "launched":
+        return f"attempt {d.get('attempt')} on {', '.join(d.get('nodes') or [])}"
+    return ""
+
+
+def _supervisor_lines(
+    run: RunRecord, ph_marks: dict[str, float]
+) -> tuple[tuple[float, str, str], ...]:
+    """The supervisor's entries from it noticing the stall to the relaunch."""
+    begin = ph_marks["noticed"]
+    relaunched = run.supervised("launched", begin)
+    end = relaunched.at if relaunched else float("inf")
+    return tuple((e.at, e.event, _said(e)) for e in run.supervisor if begin <= e.at <= end)
+
+
 def _incident(
     inc: Incident, run: RunRecord, processes: Sequence[Process], ranks: Sequence[Sequence[Process]]
 ) -> IncidentReport:
@@ -127,9 +169,6 @@ def _incident(
     marks = dict(ph.marks)
     if returned is not None:
         marks["returned"] = returned
-    stacks = [at for at in run.stacks_at if at >= ph.fault_at]
-    if stacks:
-        marks["stacks"] = min(stacks)
     decided = inc.first(PhaseName.decided)
     reasons = [a.slurm_reason for a in actions if a.slurm_reason and a.node == inc.node]
     return IncidentReport(
@@ -141,7 +180,12 @@ def _incident(
         fault_at=ph.fault_at,
         fault_source=ph.fault_source,
         step_at_fault=_step_at(processes, ph.fault_at),
-        interrupted=_interrupted(processes, ph.successor, ph.fault_at),
+        interrupted=_interrupted(
+            processes,
+            ph.successor,
+            ph.fault_at,
+            ph.marks.get("all_stopped") if ph.supervised else None,
+        ),
         recovery_s=_recovery(ph.fault_at, ph.marks),
         phases=ph.phases,
         why=ph.why,
@@ -163,6 +207,8 @@ def _incident(
         notes=_notes(inc, ph.fault_at),
         chain=ph.chain,
         stopped=ph.stopped,
+        supervised=ph.supervised,
+        supervisor=_supervisor_lines(run, ph.marks) if ph.supervised else (),
     )
 
 
@@ -185,6 +231,23 @@ def _unknown(run: RunRecord) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _hung_windows(incidents: Sequence[IncidentReport]) -> list[tuple[float, float]]:
+    """Fault to every process stopped, for each stall (hung or frozen rank)."""
+    return [
+        (inc.fault_at, inc.marks["all_stopped"])
+        for inc in incidents
+        if inc.fault in PROGRESS_FAULTS and "all_stopped" in inc.marks
+    ]
+
+
+def _slow_windows(slow: Sequence[Slowdown], finished: float) -> list[SlowWindow]:
+    return [
+        SlowWindow(s.began, s.stopped if s.stopped is not None else finished, s.baseline_step_s)
+        for s in slow
+        if s.baseline_step_s is not None
+    ]
+
+
 def build_report(run: RunRecord) -> Report:
     """The report of ``run``: per incident its phases (see :mod:`recovery.report.phases`),
     per restart what the events alone tell (see :mod:`recovery.report.restarts`), over the
@@ -197,6 +260,7 @@ def build_report(run: RunRecord) -> Report:
         _incident(inc, run, processes, ranks)
         for inc in sorted(run.incidents, key=lambda i: i.opened)
     )
+    slow = slowdowns(run, processes)
     matched = {id(f) for inc in run.incidents if (f := match_fault(inc, run.faults))}
     last = processes[-1] if processes else None
     completed = last is not None and last.outcome == "completed"
@@ -215,7 +279,13 @@ def build_report(run: RunRecord) -> Report:
         spares=run.spares,
         incidents=incidents,
         unmatched_faults=tuple(f for f in run.faults if id(f) not in matched),
-        goodput=goodput_ranks(ranks, run.started, run.finished),
+        goodput=goodput_ranks(
+            ranks,
+            run.started,
+            run.finished,
+            hung=_hung_windows(incidents),
+            slow=_slow_windows(slow, run.finished),
+        ),
         processes=tuple(processes),
         completed=completed,
         final_step=last.final_step if last else None,
@@ -228,4 +298,5 @@ def build_report(run: RunRecord) -> Report:
         steps_recomputed=steps_recomputed(processes),
         missing=run.missing,
         unknown=_unknown(run),
+        slowdowns=slow,
     )

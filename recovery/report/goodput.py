@@ -18,6 +18,14 @@ exactly one bucket, so the buckets and the productive time add up to the wall ti
   the last process stopped short of completing;
 * other: whatever is left (after the job completed, gaps the log does not explain).
 
+Two buckets of our own split what those would hide, when the report knows of them:
+
+* hung until stopped: from a stall (a hung or frozen rank) to every process of the job
+  stopped; taken out of infrastructure recovery and other, where a process that wrote nothing
+  after its last update would otherwise put that time;
+* slowed by a straggler: while a slow node was in the job, what each update took beyond the
+  healthy step time (:mod:`recovery.report.slowdown`); taken out of the update's own bucket.
+
 A job of K processes (one per node) is accounted in process-seconds: each process's time is
 cut into the buckets as above from its own event log, and the totals are summed, so the
 wall time counts K times (what K nodes were held for) and the shares stay fractions of it.
@@ -39,15 +47,29 @@ CHECKPOINT_SAVE = "checkpoint_save_blocking"
 WASTED_PROGRESS = "wasted_progress_from_disruption"
 INFRA_RECOVERY = "infrastructure_recovery_from_disruption"
 OTHER = "other"
+HUNG = "hung_until_stopped"
+STRAGGLER = "slowed_by_a_straggler"
 #: The badput buckets, in the order reports show them.
 BADPUT = (
     PROGRAM_STARTUP,
     CHECKPOINT_RESTORE,
     WASTED_PROGRESS,
     INFRA_RECOVERY,
+    HUNG,
+    STRAGGLER,
     CHECKPOINT_SAVE,
     OTHER,
 )
+
+
+@dataclass(frozen=True)
+class SlowWindow:
+    """While a slow node was in the job: updates ending in ``begin..end`` that took longer
+    than ``step_s`` count the excess as :data:`STRAGGLER`."""
+
+    begin: float
+    end: float
+    step_s: float
 
 
 @dataclass(frozen=True)
@@ -79,7 +101,7 @@ class Goodput:
 Span = tuple[float, float, str]
 
 
-def _process_spans(p: Process, kept: int | None) -> list[Span]:
+def _process_spans(p: Process, kept: int | None, slow: Sequence[SlowWindow] = ()) -> list[Span]:
     spans: list[Span] = []
     first = p.first_step_start
     setup_end = first if first is not None else p.end
@@ -101,7 +123,11 @@ def _process_spans(p: Process, kept: int | None) -> list[Span]:
             wait = min(blocked.get(prev_step, 0.0), max(0.0, s.ts - begin))
         if wait > 0:
             spans.append((begin, begin + wait, CHECKPOINT_SAVE))
-        spans.append((begin + wait, s.ts, label))
+        window = next((w for w in slow if w.begin < s.ts <= w.end), None)
+        excess = 0.0 if window is None else max(0.0, s.ts - begin - wait - window.step_s)
+        spans.append((begin + wait, s.ts - excess, label))
+        if excess > 0:
+            spans.append((s.ts - excess, s.ts, STRAGGLER))
         prev_end, prev_step = s.ts, s.step
     if prev_end is not None and p.end > prev_end:
         # After the last update: the final save, or the save on a signal, blocks the exit.
@@ -110,14 +136,40 @@ def _process_spans(p: Process, kept: int | None) -> list[Span]:
     return spans
 
 
-def spans(processes: Sequence[Process], started: float, finished: float) -> list[Span]:
+def _hung(out: list[Span], hung: Sequence[tuple[float, float]]) -> list[Span]:
+    """``out`` with the parts of its recovery and unexplained spans that fall in a ``hung``
+    window relabelled :data:`HUNG`."""
+    for h0, h1 in hung:
+        cut: list[Span] = []
+        for begin, end, label in out:
+            if label not in (INFRA_RECOVERY, OTHER) or end <= h0 or begin >= h1:
+                cut.append((begin, end, label))
+                continue
+            a, b = max(begin, h0), min(end, h1)
+            if begin < a:
+                cut.append((begin, a, label))
+            cut.append((a, b, HUNG))
+            if b < end:
+                cut.append((b, end, label))
+        out = cut
+    return out
+
+
+def spans(
+    processes: Sequence[Process],
+    started: float,
+    finished: float,
+    hung: Sequence[tuple[float, float]] = (),
+    slow: Sequence[SlowWindow] = (),
+) -> list[Span]:
     """The run's time as labelled, non-overlapping spans ``(begin, end, bucket)`` covering
-    ``started..finished`` exactly (gaps are labelled :data:`OTHER`)."""
+    ``started..finished`` exactly (gaps are labelled :data:`OTHER`). ``hung``: stalls, fault
+    to every process stopped; ``slow``: while a slow node was in."""
     raw: list[Span] = []
     if processes:
         raw.append((started, processes[0].started, PROGRAM_STARTUP))
     for i, p in enumerate(processes):
-        raw += _process_spans(p, kept_through(processes, i))
+        raw += _process_spans(p, kept_through(processes, i), slow)
         if i + 1 < len(processes):
             raw.append((p.end, processes[i + 1].started, INFRA_RECOVERY))
         elif p.outcome != "completed":
@@ -137,7 +189,7 @@ def spans(processes: Sequence[Process], started: float, finished: float) -> list
         cursor = end
     if cursor < finished:
         out.append((cursor, finished, OTHER))
-    return out
+    return _hung(out, hung)
 
 
 def goodput(processes: Sequence[Process], started: float, finished: float) -> Goodput:
@@ -145,13 +197,19 @@ def goodput(processes: Sequence[Process], started: float, finished: float) -> Go
     return goodput_ranks((processes,), started, finished)
 
 
-def goodput_ranks(ranks: Sequence[Sequence[Process]], started: float, finished: float) -> Goodput:
+def goodput_ranks(
+    ranks: Sequence[Sequence[Process]],
+    started: float,
+    finished: float,
+    hung: Sequence[tuple[float, float]] = (),
+    slow: Sequence[SlowWindow] = (),
+) -> Goodput:
     """Goodput and badput of a job of ``len(ranks)`` processes (each rank's runs), in
     process-seconds: each rank's spans summed (see the module docstring)."""
     wall = max(0.0, finished - started) * max(1, len(ranks))
     totals = dict.fromkeys((PRODUCTIVE, *BADPUT), 0.0)
     for processes in ranks or ((),):
-        for begin, end, label in spans(processes, started, finished):
+        for begin, end, label in spans(processes, started, finished, hung, slow):
             totals[label] += end - begin
 
     def share(s: float) -> float:

@@ -3,12 +3,19 @@ hand, read into one :class:`~recovery.report.run.RunRecord`."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 from recovery.progress.stacks import taken_at
 from recovery.report.byhand import load_hand_run
-from recovery.report.run import RUN_FILE, RunDirError, RunRecord, load_scenario_run
+from recovery.report.run import (
+    RUN_FILE,
+    RunDirError,
+    RunRecord,
+    SupervisorEntry,
+    load_scenario_run,
+)
 
 
 def load_run(directory: Path) -> RunRecord:
@@ -28,7 +35,9 @@ def load_run(directory: Path) -> RunRecord:
         record = load_scenario_run(directory)
     else:
         record = load_hand_run(directory)
-    return replace(record, stacks_at=stacks_taken(directory))
+    return replace(
+        record, stacks_at=stacks_taken(directory), supervisor=supervisor_entries(directory)
+    )
 
 
 #: Where a stalled job's stacks are kept, from a report's directory: a scenario run's job
@@ -41,3 +50,32 @@ def stacks_taken(directory: Path) -> tuple[float, ...]:
     files are skipped."""
     times = [taken_at(path) for sub in STACKS_DIRS for path in (directory / sub).glob("rank*.txt")]
     return tuple(sorted(t for t in times if t is not None))
+
+
+#: Where an in-allocation job's supervisor journal is, from a report's directory (the job's
+#: submit directory: a scenario run's directory, or its job folder).
+SUPERVISOR_GLOBS = ("supervisor-*.jsonl", "job/supervisor-*.jsonl")
+
+
+def supervisor_entries(directory: Path) -> tuple[SupervisorEntry, ...]:
+    """Every supervisor journal's entries under ``directory``, in time order. The journal is
+    the supervisor's own account, beside the run's records: a line that is not a JSON object
+    with ``event`` and ``unix`` (one cut short by a kill) is skipped, not refused."""
+    out: list[SupervisorEntry] = []
+    for pattern in SUPERVISOR_GLOBS:
+        for path in sorted(directory.glob(pattern)):
+            try:
+                lines = path.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(doc, dict):
+                    continue
+                event, at = doc.get("event"), doc.get("unix")
+                if isinstance(event, str) and isinstance(at, int | float):
+                    out.append(SupervisorEntry(event, float(at), doc))
+    return tuple(sorted(out, key=lambda e: e.at))

@@ -11,6 +11,7 @@ from recovery.report.goodput import Goodput
 from recovery.report.processes import Fallback, Process
 from recovery.report.restarts import Restart
 from recovery.report.run import INCIDENTS_FILE, Fault, Job, PhaseMark
+from recovery.report.slowdown import Slowdown
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,22 @@ class IncidentReport:
     stopped: tuple[float | None, ...] = ()
     """Per rank: when its process running at the fault stopped (wall seconds; None: not
     running at the fault, or it ran on to completion)."""
+    supervised: bool = False
+    """The job's in-allocation supervisor noticed the stall and relaunched the job; the
+    ``noticed``, ``stacks`` and ``all_stopped`` marks come from its journal."""
+    supervisor: tuple[tuple[float, str, str], ...] = ()
+    """What the supervisor journaled from the stall to the relaunch: ``(at, event,
+    detail)``."""
+
+    @property
+    def ran_on(self) -> bool:
+        """The job trained on through the fault: no process of it stopped and none started
+        after it (an incident that only reports, such as a slow node left in)."""
+        return (
+            self.successor_index is None
+            and bool(self.stopped)
+            and all(t is None for t in self.stopped)
+        )
 
 
 @dataclass(frozen=True)
@@ -113,6 +130,8 @@ class Report:
     """The scenario runner's files the run directory lacks (a run started by hand)."""
     unknown: tuple[str, ...] = ()
     """What this report cannot tell for lack of those files, one sentence each."""
+    slowdowns: tuple[Slowdown, ...] = ()
+    """Every slow node of the run and what it cost, before and after the swap."""
 
     @property
     def journal_known(self) -> bool:

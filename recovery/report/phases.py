@@ -15,6 +15,12 @@ incident's chain; they add up to fault -> training again. ``replacement`` (fault
 promoted) runs beside the chain, and ``no_progress`` covers it all: from the last update
 before the restart to the first update beyond it. Durations are in seconds; a phase that did
 not happen is None and :attr:`IncidentPhases.why` says why.
+
+A stall (hung or frozen rank) that the job's in-allocation supervisor handles has its own
+instants, from the supervisor's journal: ``detection`` ends when the supervisor noticed it,
+``diagnose`` when it had every rank's stacks, and ``stall`` when it had ended the launch; the
+relaunch follows (``job_restart`` from the launch ended). On the requeue path the agents take
+the stacks as they see the stall, before the coordinator decides.
 Pure: records in, numbers out.
 """
 
@@ -24,17 +30,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from recovery.contract.jobmark import PROGRESS_FAULTS
 from recovery.model import PromoteSpare
 from recovery.ports.journal import PhaseName
 from recovery.report.processes import Fallback, Process
 from recovery.report.restarts import high_water, redo, redo_why, span
-from recovery.report.run import Fault, Incident, RunRecord
+from recovery.report.run import Fault, Incident, RunRecord, SupervisorEntry
 
 #: The report's phases of every incident, in the order reports show them: spans between the
 #: journal's phases (:class:`recovery.ports.journal.PhaseName`) and the job's events. A
 #: Literal so that a scenario's ``expect.phases`` can answer a misspelt one with the names.
 ReportPhase = Literal[
     "detection",
+    "diagnose",
     "stall",
     "take_out",
     "requeue_wait",
@@ -57,7 +65,8 @@ class IncidentPhases:
     why: dict[str, str]
     """For each phase that is None: why it did not happen."""
     marks: dict[str, float]
-    """The instants the phases run between (wall seconds), by name: ``fault``, ``decided``,
+    """The instants the phases run between (wall seconds), by name: ``fault``, ``noticed``
+    (the supervisor's or the coordinator's decision, whichever acted), ``stacks``, ``decided``,
     ``node_out``, ``requeued``, ``job_running``, ``spare_ready``, ``started``, ``restored``,
     ``first_step``, ``caught_up``, ``progress``, ``last_step_before``."""
     fault_at: float
@@ -76,6 +85,9 @@ class IncidentPhases:
     stopped: tuple[float | None, ...] = ()
     """Per rank: when its process running at the fault stopped (wall seconds; None: it was
     not running, or ran on to completion)."""
+    supervised: bool = False
+    """The job's own supervisor noticed the stall, stopped the launch and relaunched it
+    inside the allocation (its journal's ``stalled``, ``stacks`` and ``step-ended``)."""
 
 
 @dataclass(frozen=True)
@@ -155,18 +167,59 @@ def _restart(processes: Sequence[Process], fault_at: float, reason: str | None) 
     )
 
 
-def _stopped(ranks: Sequence[Sequence[Process]], fault_at: float) -> tuple[float | None, ...]:
+def _stopped(
+    ranks: Sequence[Sequence[Process]], fault_at: float, ended: float | None = None
+) -> tuple[float | None, ...]:
     """Per rank, when its process that was running at ``fault_at`` stopped: its last event,
-    never before the fault (a process killed by it wrote nothing after its last update).
-    None for a rank with no process started before the fault, or one that completed."""
+    never before the fault (a process killed by it wrote nothing after its last update),
+    nor before ``ended`` (when its supervisor saw the launch end: a hung process writes
+    nothing after its last update either, yet runs until it is stopped). None for a rank
+    with no process started before the fault, or one that completed."""
     out: list[float | None] = []
     for procs in ranks:
         live = [p for p in procs if p.started <= fault_at]
         if not live or live[-1].outcome == "completed":
             out.append(None)
         else:
-            out.append(max(fault_at, live[-1].end))
+            out.append(max(fault_at, live[-1].end, ended or fault_at))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class _Supervised:
+    """A stall the job's in-allocation supervisor handled: it noticed, took the stacks (or
+    gave up waiting for them), ended the launch."""
+
+    noticed: SupervisorEntry
+    stacks: SupervisorEntry | None
+    ended: SupervisorEntry | None
+
+
+def _supervised(incident: Incident, run: RunRecord, fault_at: float) -> _Supervised | None:
+    """The supervisor's handling of ``incident``'s stall, when it was one of the faults the
+    coordinator leaves to a job's supervisor and the supervisor journaled it."""
+    if incident.fault not in PROGRESS_FAULTS:
+        return None
+    # The supervisor may notice before the fault's recorded instant by a clock's slack.
+    noticed = run.supervised("stalled", fault_at - 1.0, fault_at + MATCH_WINDOW_S)
+    if noticed is None:
+        return None
+    relaunched = run.supervised("launched", noticed.at)
+    before = relaunched.at + 1e-6 if relaunched else None
+    return _Supervised(
+        noticed,
+        run.supervised("stacks", noticed.at, before),
+        run.supervised("step-ended", noticed.at, before),
+    )
+
+
+def _stacks_at(run: RunRecord, sup: _Supervised | None, fault_at: float) -> float | None:
+    """When the stacks were captured: the supervisor's word once it had every rank's, else
+    the earliest stacks file the agents wrote after the fault."""
+    if sup is not None and sup.stacks is not None:
+        return sup.stacks.at
+    taken = [at for at in run.stacks_at if at >= fault_at]
+    return min(taken) if taken else None
 
 
 def _stopped_alone(ranks: Sequence[Sequence[Process]], fault_at: float) -> bool:
@@ -202,6 +255,21 @@ def incident_phases(
     why: dict[str, str] = {}
     decided_phase = incident.first(PhaseName.decided) or incident.first(PhaseName.received)
     decided = decided_phase.at if decided_phase else incident.opened
+    sup = _supervised(incident, run, fault_at)
+    # Who acted first: the job's supervisor on a stall it handles, else the coordinator.
+    noticed = sup.noticed.at if sup is not None else decided
+    stacks = _stacks_at(run, sup, fault_at)
+    if stacks is None:
+        why["diagnose"] = (
+            "no stacks were taken (not a stall)"
+            if incident.fault not in PROGRESS_FAULTS
+            else "no stacks were kept for this stall"
+        )
+    elif stacks < noticed:
+        why["diagnose"] = (
+            f"the agents took the stacks ({stacks - fault_at:+.2f} s) before the decision, "
+            "as they saw the stall"
+        )
     out = incident.first(PhaseName.node_down, PhaseName.node_drained)
     node_out = out.at if out else None
     if node_out is None:
@@ -215,7 +283,8 @@ def incident_phases(
     r = _restart(processes, fault_at, not_ours)
     why.update(r.why)
     succ = r.process
-    stopped = _stopped(ranks or (processes,), fault_at)
+    ended = sup.ended.at if sup is not None and sup.ended is not None else None
+    stopped = _stopped(ranks or (processes,), fault_at, ended)
     all_stopped, no_stall = _stall(stopped, not_ours)
     if no_stall is not None:
         why["stall"] = no_stall
@@ -227,8 +296,7 @@ def incident_phases(
         requeue_end = min(requeue_end, started)
     if requeue_end is None and succ is not None:
         why["requeue_wait"] = (
-            "the job recovered inside its allocation (relaunched on a spare of its own, never "
-            "requeued)"
+            "the job recovered inside its allocation (relaunched by its supervisor, never requeued)"
             if incident.first(PhaseName.in_allocation)
             else "the journal recorded neither jobs-requeued nor job-running"
         )
@@ -237,17 +305,18 @@ def incident_phases(
     # leads the chain only when the processes stopped by themselves (killed by the fault, or
     # ended on losing a peer); one ended by Slurm (a requeue, a node failure) stopped because
     # of the chain, not before it.
-    by_stall = (
-        all_stopped is not None
-        and all_stopped > take_start
-        and _stopped_alone(ranks or (processes,), fault_at)
+    by_stall = all_stopped is not None and (
+        ended is not None  # its supervisor stopped it and relaunched it, no node taken out
+        or (all_stopped > take_start and _stopped_alone(ranks or (processes,), fault_at))
     )
     gate = all_stopped if by_stall and all_stopped is not None else take_start
     restored = succ.restored_at if succ else None
     first = succ.first_step_start if succ else None
     marks = {
         "fault": fault_at,
+        "noticed": noticed,
         "decided": decided,
+        "stacks": stacks,
         "node_out": node_out,
         "all_stopped": all_stopped,
         "requeued": requeued.at if requeued else None,
@@ -261,7 +330,8 @@ def incident_phases(
         "progress": r.progress,
     }
     phases: dict[str, float | None] = {
-        "detection": span(fault_at, decided),
+        "detection": span(fault_at, noticed),
+        "diagnose": span(noticed, stacks) if "diagnose" not in why else None,
         "stall": span(fault_at, all_stopped),
         "take_out": span(decided, node_out),
         "requeue_wait": span(gate, requeue_end) if succ is not None else None,
@@ -285,6 +355,8 @@ def incident_phases(
         spare=spare,
         successor=succ.index if succ else None,
         chain=(("stall",) if by_stall else ("detection", "take_out"))
-        + ("requeue_wait", "job_restart", "restore", "warmup"),
+        + (() if ended is not None else ("requeue_wait",))
+        + ("job_restart", "restore", "warmup"),
         stopped=stopped,
+        supervised=sup is not None,
     )

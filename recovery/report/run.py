@@ -114,6 +114,17 @@ class Incident:
 
 
 @dataclass(frozen=True)
+class SupervisorEntry:
+    """One line of an in-allocation job's supervisor journal (``supervisor-<job>.jsonl``):
+    ``stalled``, ``stacks``, ``step-ended``, ``relaunch``, ``slow``, ``launched`` ...;
+    ``data`` holds the whole record."""
+
+    event: str
+    at: float
+    data: dict[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True)
 class Event:
     """One line of ``events.jsonl``; ``data`` holds the whole record."""
 
@@ -153,6 +164,22 @@ class RunRecord:
     stacks_at: tuple[float, ...] = ()
     """When the agents took the stacks of a stalled job's processes (wall seconds, one per
     file of ``progress/stacks``; :func:`recovery.report.load.stacks_taken`)."""
+    supervisor: tuple[SupervisorEntry, ...] = ()
+    """What the job's in-allocation supervisor journaled, in time order (none for a job on
+    the requeue path; :func:`recovery.report.load.supervisor_entries`)."""
+
+    def supervised(
+        self, event: str, after: float, before: float | None = None
+    ) -> SupervisorEntry | None:
+        """The supervisor's first ``event`` at or after ``after`` (and before ``before``)."""
+        return next(
+            (
+                e
+                for e in self.supervisor
+                if e.event == event and e.at >= after and (before is None or e.at < before)
+            ),
+            None,
+        )
 
     @property
     def ranks(self) -> tuple[tuple[Event, ...], ...]:

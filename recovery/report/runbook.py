@@ -52,14 +52,21 @@ def _happened(report: Report, inc: IncidentReport) -> list[str]:
     lines = [
         f"- **{_utc(inc.fault_at)}**: fault **{inc.fault}** on **{inc.node}** "
         f"({inc.fault_source}){at}, while {report.job.label} ran{on}.",
-        f"- The coordinator decided **{inc.verdict}** {seconds(inc.phases['detection'])} later: "
+        f"- The coordinator decided **{inc.verdict}** {offset(inc, 'decided')} from the fault: "
         f"{inc.decision or 'no reason recorded'}.",
     ]
+    if inc.supervised:
+        lines.append(
+            f"- The job's supervisor saw the stall {offset(inc, 'noticed')} from the fault, had "
+            f"every rank's stacks {offset(inc, 'stacks')}, ended the launch "
+            f"{offset(inc, 'all_stopped')} and relaunched it inside the allocation."
+        )
     inside = _in_allocation(inc)
     if inside:
         lines.append(
-            f"- Path for the job: inside its allocation (the job relaunched on a spare node "
-            f"of its own: job {inside}); the coordinator's path was {inc.path or 'none'}."
+            f"- Path for the job: inside its allocation (its supervisor relaunched it on nodes "
+            f"of its own allocation: job {inside}); the coordinator's path was "
+            f"{inc.path or 'none'}."
         )
     elif inc.path:
         lines.append(f"- Path for the job: {inc.path}.")
@@ -124,6 +131,15 @@ def _did(inc: IncidentReport) -> list[str]:
         ("at", "phase", "detail"),
         [(f"{p.at - inc.fault_at:+.2f} s", p.name, p.detail or "") for p in inc.journal],
     )
+    if inc.supervisor:
+        lines += ["", "The job's supervisor (its journal, `supervisor-<job>.jsonl`):", ""]
+        lines += _md_table(
+            ("at", "event", "detail"),
+            [
+                (f"{at - inc.fault_at:+.2f} s", event, detail)
+                for at, event, detail in inc.supervisor
+            ],
+        )
     return lines
 
 
@@ -218,6 +234,8 @@ def render_markdown(report: Report, png_name: str | None = "timeline.png") -> st
         out += ["### What the toolkit did", "", *_did(inc), ""]
         out += ["### What it cost", "", *_cost(inc), ""]
         out += ["### What to check next", "", *_next_steps(report, inc)]
+    if report.slowdowns:
+        out += ["", "## Slow nodes", "", *_slow(report)]
     if not report.journal_known and report.restarts:
         out += ["", "## Restarts (from the job's events)"]
         for r in report.restarts:
@@ -237,6 +255,66 @@ def render_markdown(report: Report, png_name: str | None = "timeline.png") -> st
     if report.notes:
         out += ["", "## Notes", "", *(f"- {n}" for n in report.notes)]
     return "\n".join(out) + "\n"
+
+
+SLOW_HEADERS = (
+    "node",
+    "done",
+    "healthy step",
+    "slow step",
+    "slowdown",
+    "slow updates",
+    "lost before swap",
+    "swap",
+    "lost after",
+    "in all",
+)
+
+
+def _slow(report: Report) -> list[str]:
+    """What each slow node cost: before the swap, the swap, after it."""
+    rows = [
+        (
+            s.node,
+            s.swap,
+            seconds(s.baseline_step_s),
+            seconds(s.slow_step_s),
+            f"{s.factor:.2f}x" if s.factor is not None else "-",
+            s.steps_slow,
+            seconds(s.lost_before_s),
+            seconds(s.swap_s),
+            seconds(s.lost_after_s),
+            seconds(s.total_s),
+        )
+        for s in report.slowdowns
+    ]
+    out = [
+        "Time lost to each slow node: every update beyond the healthy step time while the node "
+        "was in, the swap (last slow update to the first update past it, less one healthy "
+        "step), and the updates after it beyond the healthy step time.",
+        "",
+        *_md_table(
+            (
+                "node",
+                "done",
+                "healthy step",
+                "slow step",
+                "slowdown",
+                "slow updates",
+                "lost before swap",
+                "swap",
+                "lost after",
+                "in all",
+            ),
+            rows,
+        ),
+    ]
+    for s in report.slowdowns:
+        if s.why:
+            out += ["", f"- {s.node}: cost not measured: {s.why}."]
+        elif s.swap_detail:
+            out += ["", f"- {s.node}, the job's supervisor: {s.swap_detail}."]
+    return out
 
 
 def _in_allocation(inc: IncidentReport) -> str:

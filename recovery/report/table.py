@@ -9,6 +9,7 @@ from recovery.report.goodput import Goodput
 from recovery.report.model import IncidentReport, Report
 from recovery.report.phases import PHASES
 from recovery.report.restarts import RESTART_PHASES, Restart
+from recovery.report.slowdown import Slowdown
 
 #: Badput buckets as people read them.
 BUCKET_NAMES = {
@@ -17,6 +18,8 @@ BUCKET_NAMES = {
     "checkpoint_restore": "checkpoint restore",
     "wasted_progress_from_disruption": "wasted progress from disruption",
     "infrastructure_recovery_from_disruption": "infrastructure recovery from disruption",
+    "hung_until_stopped": "hung until stopped (a stall)",
+    "slowed_by_a_straggler": "slowed by a straggler",
     "checkpoint_save_blocking": "checkpoint save blocking",
     "other": "other",
 }
@@ -46,14 +49,25 @@ def phase_spans(inc: IncidentReport) -> dict[str, str]:
     )
     fallbacks = f", {len(inc.fallbacks)} fallback(s)" if inc.fallbacks else ""
     high = inc.high_water_step if inc.high_water_step is not None else 0
+    by = "its supervisor" if inc.supervised else "the coordinator"
     return {
-        "detection": "fault -> coordinator decision recorded",
-        "stall": f"fault -> every process of the job stopped ({len(inc.stopped)})",
+        "detection": (
+            "fault -> the job's supervisor saw the stall"
+            if inc.supervised
+            else "fault -> coordinator decision recorded"
+        ),
+        "diagnose": f"{by} noticed -> every rank's stacks captured",
+        "stall": f"fault -> every process of the job stopped ({len(inc.stopped)})"
+        + (", ended by its supervisor" if inc.supervised else ""),
         "take_out": f"decision -> {out}",
         "requeue_wait": ("every process stopped" if "stall" in inc.chain else out)
         + " -> Slurm runs the job again",
         "replacement": f"fault -> {inc.spare or 'a spare'} promoted and ready",
-        "job_restart": "job running again -> trainer process started",
+        "job_restart": (
+            "launch ended -> trainer process started again"
+            if inc.supervised
+            else "job running again -> trainer process started"
+        ),
         "restore": f"started -> {restored}{fallbacks}",
         "warmup": "restored -> first update begins (compile)",
         "recompute": f"redo {inc.steps_recomputed or 0} step(s) up to step {high}",
@@ -63,7 +77,8 @@ def phase_spans(inc: IncidentReport) -> dict[str, str]:
 
 #: The mark (:attr:`IncidentReport.marks`) each phase ends at.
 PHASE_ENDS = {
-    "detection": "decided",
+    "detection": "noticed",
+    "diagnose": "stacks",
     "stall": "all_stopped",
     "take_out": "node_out",
     "requeue_wait": "job_running",
@@ -219,6 +234,25 @@ def restart_headline(r: Restart) -> str:
     )
 
 
+def slowdown_lines(s: Slowdown) -> list[str]:
+    """One slow node's cost, in words: the slowdown, then before, swap and after."""
+    factor = f"{s.factor:.2f}x" if s.factor is not None else "?"
+    if s.why:
+        return [f"slow node {s.node} ({s.incident}): cost not measured: {s.why}"]
+    lines = [
+        f"slow node {s.node} ({s.incident}): {s.swap}; steps took {seconds(s.slow_step_s)} "
+        f"instead of {seconds(s.baseline_step_s)} ({factor}) over {s.steps_slow} update(s)",
+        ("  lost while it was in: " if s.swap_s is None else "  lost before the swap: ")
+        + seconds(s.lost_before_s)
+        + (f"; the swap: {seconds(s.swap_s)}" if s.swap_s is not None else "")
+        + (f"; lost after it: {seconds(s.lost_after_s)}" if s.lost_after_s is not None else "")
+        + f"; in all {seconds(s.total_s)}",
+    ]
+    if s.swap_detail:
+        lines.append(f"  the supervisor: {s.swap_detail}")
+    return lines
+
+
 def render_table(report: Report, png: str | None = None) -> str:
     """The text ``recover report DIR`` prints: per incident each phase and lost progress
     against replacement time, then goodput and badput, then the timeline's path. For a run
@@ -258,6 +292,8 @@ def render_table(report: Report, png: str | None = None) -> str:
                 restart_headline(r),
                 table(("PHASE", "TIME", "ENDS", "SPANS"), restart_rows(r), right=(1, 2)),
             ]
+    for slow in report.slowdowns:
+        lines += ["", *slowdown_lines(slow)]
     for f in report.unmatched_faults:
         lines += ["", f"fault {f.fault} injected on {f.node} via {f.via}: NO incident opened"]
     if report.unknown:

@@ -32,6 +32,7 @@ COLOURS = {
     "startup": "#cfd8dc",
     "training": "#9e9e9e",
     "detection": "#d62728",
+    "diagnose": "#7f7f7f",
     "stall": "#e377c2",
     "take_out": "#ff7f0e",
     "out_of_service": "#e0e0e0",
@@ -43,6 +44,7 @@ COLOURS = {
     "restore": "#2ca02c",
     "warmup": "#bcbd22",
     "recompute": "#8c564b",
+    "slow": "#ffbb78",
 }
 _LABELS = {
     "startup": "program startup",
@@ -50,6 +52,8 @@ _LABELS = {
     "out_of_service": "node out of service",
     "spare_held": "spare held in the pool",
     "in_service": "spare in service",
+    "diagnose": "stacks taken",
+    "slow": "a slow node in the job",
 }
 
 
@@ -72,7 +76,7 @@ def _spare_lane(inc: IncidentReport) -> str:
 def _phase_bars(inc: IncidentReport, job: str, end: float) -> list[_Bar]:
     """The bars of one incident, in wall seconds."""
     m = inc.marks
-    failed = f"{inc.node} (failed)"
+    failed = inc.node if inc.ran_on else f"{inc.node} (failed)"
     bars: list[_Bar] = []
 
     def add(lane: str, a: str, b: str, kind: str, text: str | None = None) -> None:
@@ -80,7 +84,16 @@ def _phase_bars(inc: IncidentReport, job: str, end: float) -> list[_Bar]:
             label = text if text is not None else f"{kind.replace('_', ' ')} {seconds(m[b] - m[a])}"
             bars.append(_Bar(lane, m[a], m[b], kind, label, seconds(m[b] - m[a])))
 
-    add(failed, "fault", "decided", "detection")
+    add(failed, "fault", "noticed", "detection")
+    add(
+        failed,
+        "noticed",
+        "stacks",
+        "diagnose",
+        f"stacks {seconds(m['stacks'] - m['noticed'])}"
+        if "stacks" in m and "noticed" in m
+        else None,
+    )
     add(failed, "decided", "node_out", "take_out")
     if "node_out" in m:
         why = f"{inc.taken_out_as}: {inc.slurm_reason}" if inc.slurm_reason else "out"
@@ -104,6 +117,8 @@ def _phase_bars(inc: IncidentReport, job: str, end: float) -> list[_Bar]:
         add(lane, "fault", "spare_ready", "replacement")
         bars.append(_Bar(lane, m["spare_ready"], end, "in_service", "in service"))
     take = "node_out" if "node_out" in m else "decided"
+    if inc.ran_on:
+        return bars
     if "started" not in m and inc.successor_index is None and "requeue_wait" in inc.why:
         why = inc.why.get("replacement", inc.why["requeue_wait"])
         pending = _Bar(job, m[take], end, "requeue_wait", f"job waits to run again: {why}", "waits")
@@ -136,6 +151,15 @@ def _bars(report: Report) -> list[_Bar]:
         )
     if len(report.ranks) > 1:
         bars += _rank_bars(report)
+    for slow in report.slowdowns:
+        # While the slow node was in the job: every step waited for it.
+        last = report.processes[-1].end if report.processes else report.finished
+        end = slow.stopped if slow.stopped is not None else last
+        factor = f" {slow.factor:.1f}x" if slow.factor is not None else ""
+        lost = f", {seconds(slow.lost_before_s)} lost" if slow.lost_before_s is not None else ""
+        bars.append(
+            _Bar(f"{slow.node} (slow)", slow.began, end, "slow", f"slow{factor}{lost}", "slow")
+        )
     for inc in report.incidents:
         bars += _phase_bars(inc, job, report.finished)
         if inc.spare and inc.spare != inc.node and "spare_ready" in inc.marks:
@@ -290,12 +314,14 @@ def _draw_steps(ax: Axes, report: Report, t0: float) -> None:
 
 
 def _draw_zoom(ax: Axes, inc: IncidentReport) -> None:
-    """The coordinator's side (detection, take-out, replacement) at its own scale: it lasts
+    """The coordinator's side (detection, the stacks of a stall, take-out, replacement) at its
+    own scale: it lasts
     fractions of a second on an axis of minutes. A bar longer than the scale is cut, its
     length written beside it."""
     m, t0 = inc.marks, inc.fault_at
     rows = [
-        ("detection", "fault", "decided"),
+        ("detection", "fault", "noticed"),
+        ("diagnose", "noticed", "stacks"),
         ("take_out", "decided", "node_out"),
         ("replacement", "fault", "spare_ready"),
     ]
@@ -345,6 +371,14 @@ def _title(report: Report) -> str:
         return f"{name}: no incident ({report.job.label}, {report.wall_s:.1f} s)"
     inc = report.incidents[0]
     where = f"{inc.fault} on {inc.node}"
+    if inc.ran_on:
+        slow = next((s for s in report.slowdowns if s.node == inc.node), None)
+        cost = (
+            f"; {seconds(slow.total_s)} lost to it"
+            if slow is not None and slow.total_s is not None
+            else ""
+        )
+        return f"{where}: {inc.verdict}, the job trained on{cost}"
     if inc.recovery_s is None:
         why = inc.why.get("replacement") or inc.why.get("warmup", "")
         return f"{where}: the job did not train again before the run ended ({why})"
