@@ -10,8 +10,10 @@ Each run is ``recover scenario run NAME --no-budgets`` (a 4-process ``recover tr
 process 1's main thread in a system call with gdb, ``process-freeze`` SIGSTOPs it). From each
 run's report (``report.json``, the incident's marks) it takes:
 
-* **noticed**: the fault -> the coordinator decided on the agent's report (rank-hang /
-  rank-frozen), the time a hang costs before anything happens;
+* **noticed**: the fault -> the first to act saw it: the coordinator deciding on the agent's
+  report (rank-hang / rank-frozen) on the requeue path, the job's supervisor seeing the stall
+  in-allocation (the report's ``noticed`` mark); the time a hang costs before anything
+  happens;
 * **training again**: the fault -> the job's first step after the restart;
 * **restart**: noticed -> training again (in-allocation: the supervisor ending the stalled
   launch after the stacks and relaunching it on the standbys; requeue: the requeue);
@@ -59,14 +61,15 @@ def one_run(name: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     fault = marks.get("fault")
     if fault is None:
         return row | {"error": "no fault time in the report"}
+    noticed = "noticed" if "noticed" in marks else "decided"  # reports before the supervisor's
     row.update(
         fault=inc.get("fault"),
         node=inc.get("node"),
-        noticed_s=marks["decided"] - fault if "decided" in marks else None,
+        noticed_s=marks[noticed] - fault if noticed in marks else None,
         training_again_s=marks["first_step"] - fault if "first_step" in marks else None,
         restart_s=(
-            marks["first_step"] - marks["decided"]
-            if "first_step" in marks and "decided" in marks
+            marks["first_step"] - marks[noticed]
+            if "first_step" in marks and noticed in marks
             else None
         ),
         steps_recomputed=inc.get("steps_recomputed"),
