@@ -40,7 +40,13 @@ from recovery.ports.clock import Clock
 from recovery.proc import alive
 from recovery.progress import Budgets, Record, StallWatch, Verdict, job_budgets, read_records
 from recovery.progress.registry import Entry, entries
-from recovery.progress.stacks import STACKS, missing, write_slow_report, write_stacks
+from recovery.progress.stacks import (
+    STACKS,
+    missing,
+    supervised,
+    write_slow_report,
+    write_stacks,
+)
 from recovery.progress.straggler import Straggler, StragglerWatch
 
 Log = Callable[[str], None]
@@ -167,7 +173,12 @@ class ProgressSource:
             return None  # none, told already, or another node's agent tells it
         job.slow_reported = True
         name = f"job {slurm_job}" if slurm_job else f"the job in {directory}"
-        event = self._slow_event(name, found, records, now)
+        config = job.straggler.config
+        if config.swap and supervised(directory):
+            move, why = False, "its supervisor moves it off the node inside its allocation"
+        else:
+            move, why = config.requeue_swap(found)
+        event = self._slow_event(name, found, records, now, move, why if config.swap else "")
         try:  # for the job's supervisor, which waits for it before it swaps the node out
             write_slow_report(directory, records[found.rank], event.message, now)
         except OSError as e:
@@ -175,18 +186,27 @@ class ProgressSource:
         return event
 
     def _slow_event(
-        self, job: str, found: Straggler, records: dict[int, Record], now: float
+        self,
+        job: str,
+        found: Straggler,
+        records: dict[int, Record],
+        now: float,
+        move: bool = False,
+        why: str = "",
     ) -> HealthEvent:
-        message = f"{job}: {found.describe()} (at step {found.step})"
+        """``node-slow``; ``node-slow-swap`` when ``move``: the job asked to be moved off a
+        straggler and that pays on the requeue path (``why`` says by how much)."""
+        message = f"{job}: {found.describe()} (at step {found.step})" + (f"; {why}" if why else "")
+        fault = "node-slow-swap" if move else "node-slow"
         digest = hashlib.sha256(
             f"slow|{sorted(r.pid for r in records.values())}|{found.rank}".encode()
         ).hexdigest()[:16]
-        self._log(f"agent {self.node}: node-slow: {message[:300]}")
+        self._log(f"agent {self.node}: {fault}: {message[:300]}")
         return HealthEvent(
             id=f"{self.node}-slow-{digest}",
             node=self.node,
             source=Source.progress,
-            fault="node-slow",
+            fault=fault,
             observed_at=now,
             message=message[:2048],
             agent_version=self._version,

@@ -48,11 +48,23 @@ def progress_dir(run_dir: Path | str, environ: Mapping[str, str] | None = None) 
     return Path(env.get(ENV_PROGRESS_DIR) or Path(run_dir) / "progress")
 
 
+def _with_until_step(budgets: Mapping[str, Any], until_step: int | None) -> Mapping[str, Any]:
+    """``budgets`` whose straggler rule asks for swaps, told the step the job trains to
+    unless it says so itself."""
+    rule = budgets.get("straggler")
+    if until_step is None or not isinstance(rule, Mapping) or rule.get("swap") is not True:
+        return budgets
+    if "until_step" in rule:
+        return budgets
+    return {**budgets, "straggler": {**rule, "until_step": until_step}}
+
+
 def open_progress(
     run_dir: Path | str,
     *,
     budgets: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    until_step: int | None = None,
 ) -> ProgressWriter:
     """This process's progress reporter, its record in :func:`progress_dir` named after its
     rank (:func:`recovery.api.topology_from_env`), with a thread that keeps its liveness mark
@@ -67,8 +79,12 @@ def open_progress(
     ``budgets`` (else ``$RECOVER_STALL_BUDGETS``, JSON) overrides the watchers' thresholds for
     this job: ``floor_s`` and ``factor`` (a step may take ``max(floor_s, factor x p99)``),
     ``learn_after`` and ``unlearned_s`` (the budget before that many steps are seen),
-    ``frozen_after_s``, and ``phases_s`` (seconds by phase name). Process 0 keeps them beside
-    the records, where the node agents and the job's supervisor read them.
+    ``frozen_after_s``, and ``phases_s`` (seconds by phase name), and ``straggler`` (the slow
+    node rule: ``factor``, ``window_steps``, ``persist``, ``min_excess_s``, ``swap``,
+    ``until_step``, ``swap_cost_s``). Process 0 keeps them beside the records, where the node
+    agents and the job's supervisor read them. ``until_step``: the step the loop trains to;
+    a job that asks for swaps (``straggler.swap``) is then moved off a slow node when the
+    steps left make it pay.
 
     Raises UsageError when the directory cannot be written or the budgets are not valid
     (naming the valid keys).
@@ -84,6 +100,7 @@ def open_progress(
         except ValueError as e:
             raise UsageError(f"{where} is not JSON: {e}") from None
     if budgets is not None:
+        budgets = _with_until_step(budgets, until_step)
         Budgets().overridden(budgets, where)
         if topo.rank == 0:  # before its record: a watcher of the whole job finds them with it
             try:

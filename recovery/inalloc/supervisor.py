@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ from recovery.inalloc.decide import (
 )
 from recovery.inalloc.hang import LOOK_EVERY_S, LaunchWatch
 from recovery.progress import Budgets, Verdict
-from recovery.progress.stacks import missing, slow_reported
+from recovery.progress.stacks import mark_supervised, missing, slow_reported, unmark_supervised
 
 #: Seconds the supervisor waits, after a failed step, for Slurm to name a lost node.
 DEFAULT_GRACE_S = 30.0
@@ -192,10 +193,25 @@ class Supervisor:
         self._incoming.append(signum)
 
     def run(self) -> StepDecision:
+        marked = self._mark_supervised()
         try:
             return self._supervise()
         finally:
+            if marked:
+                unmark_supervised(marked)
             self.slurm.close()
+
+    def _mark_supervised(self) -> Path | None:
+        """Tell the node agents that this supervisor moves the job off a slow node itself (a
+        job that asks for swaps is not moved on the requeue path too); the folder marked."""
+        if self.progress is None:
+            return None
+        try:
+            mark_supervised(self.progress, f"{socket.gethostname()} pid {os.getpid()}")
+        except OSError as e:
+            self.journal("unmarked", why=f"cannot mark {self.progress} as supervised: {e}")
+            return None
+        return self.progress
 
     def _supervise(self) -> StepDecision:
         job_nodes = self.slurm.job_nodes()

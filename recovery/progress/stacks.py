@@ -4,7 +4,11 @@ first line names the process and ends with ``at <Unix seconds>``, when they were
 slow process's report, ``<progress dir>/slow/rank<r>.txt`` (the same first line). The agents
 write them (they can read a process's stacks on their own node, and they report to the
 coordinator); the job's supervisor waits for them before it ends a launch, so that the
-diagnosis and the incident come first, and the report marks when the stacks were taken."""
+diagnosis and the incident come first, and the report marks when the stacks were taken.
+
+A job's in-allocation supervisor also leaves ``<progress dir>/supervised`` while it watches:
+the agents then leave moving the job off a slow node to it (it relaunches on a spare of its
+own) and only report the node."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from recovery.progress.record import Record
 #: The folders under the progress directory.
 STACKS = "stacks"
 SLOW = "slow"
+SUPERVISED = "supervised"
 #: Stacks taken this long before a stall was judged are still its own: each agent judges the
 #: job on its own, about once a second, so theirs come within a second or two of each other.
 SAME_STALL_S = 10.0
@@ -73,3 +78,22 @@ def slow_reported(directory: Path, rank: int, since: float) -> bool:
     """An agent reported process ``rank`` slow at ``since`` or later."""
     at = taken_at(directory / SLOW / f"rank{rank}.txt")
     return at is not None and at >= since
+
+
+def mark_supervised(directory: Path, who: str) -> Path:
+    """Say that a supervisor (``who``: its host and pid) watches the job in ``directory``.
+    Raises OSError when it cannot be written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / SUPERVISED
+    path.write_text(who + "\n")
+    return path
+
+
+def unmark_supervised(directory: Path) -> None:
+    """The supervisor is done with the job (nothing to do when it was not marked)."""
+    (directory / SUPERVISED).unlink(missing_ok=True)
+
+
+def supervised(directory: Path) -> bool:
+    """A supervisor watches the job in ``directory`` (:func:`mark_supervised`)."""
+    return (directory / SUPERVISED).exists()

@@ -44,9 +44,18 @@ class StragglerConfig:
     """Seconds a step it must be slower by: a ratio of a few milliseconds is noise (a
     busy machine shares its cores unevenly), a slow node costs far more."""
     swap: bool = False
-    """A job that holds spares (in-allocation) relaunches without its straggler when what it
-    would save over its remaining steps is more than a relaunch costs; otherwise (and by
-    default) the straggler is only reported."""
+    """The job asks to be moved off its straggler when what that saves over its remaining
+    steps is more than the move costs: a job that holds spares (in-allocation) is relaunched
+    on one by its supervisor; any other is moved on the requeue path (the agent reports
+    ``node-slow-swap``: the node drained, the job saved and requeued onto a spare). Otherwise
+    (and by default) the straggler is only reported."""
+    until_step: int = 0
+    """The step the job trains to (0: not known, and no swap on the requeue path): what a
+    swap saves is reckoned over the steps left. ``recover train`` sets it from ``--steps``."""
+    swap_cost_s: float = 60.0
+    """What moving the job on the requeue path costs: drained, saved, requeued, started on a
+    spare and compiled again (about a minute on the local cluster). The in-allocation
+    supervisor measures its own relaunches instead."""
 
     def __post_init__(self) -> None:
         if not self.factor > 1:
@@ -56,6 +65,30 @@ class StragglerConfig:
                 "straggler rule: window_steps >= 2, persist >= 1 and min_excess_s >= 0 "
                 f"(got {self.window_steps}, {self.persist}, {self.min_excess_s})"
             )
+        if self.until_step < 0 or self.swap_cost_s < 0:
+            raise UsageError(
+                "straggler rule: until_step >= 0 and swap_cost_s >= 0 "
+                f"(got {self.until_step}, {self.swap_cost_s})"
+            )
+
+    def requeue_swap(self, found: Straggler) -> tuple[bool, str]:
+        """Whether moving the job off ``found``'s node on the requeue path pays, and why (or
+        why not) in words."""
+        if not self.swap:
+            return False, "the job asks for reports only (straggler.swap false)"
+        left = self.until_step - found.step
+        if self.until_step <= 0 or left <= 0:
+            return False, "the steps left are not known (straggler.until_step)"
+        gain = max(0.0, found.step_s - found.peers_s) * left
+        if gain <= self.swap_cost_s:
+            return False, (
+                f"it would save {gain:.1f} s over the {left} steps left, not more than a move "
+                f"costs ({self.swap_cost_s:g} s)"
+            )
+        return True, (
+            f"moving the job saves about {gain:.1f} s over the {left} steps left, more than "
+            f"the move costs ({self.swap_cost_s:g} s)"
+        )
 
     def overridden(self, changes: Any, where: str = "straggler") -> StragglerConfig:
         """This rule with ``changes`` (its field names). UsageError naming the valid ones for

@@ -123,6 +123,9 @@ def slowdown(incident: Incident, run: RunRecord, processes: Sequence[Process]) -
     decided = next((p.at for p in incident.phases if p.name == "decided"), None)
     live = [p for p in processes if p.started <= began]
     word, detail = _supervisor_word(run, incident.node, began)
+    if not word and incident.fault == "node-slow-swap":  # moved on the requeue path
+        word = "swapped"
+        detail = next((p.detail for p in incident.phases if p.name == "decided"), "")
 
     def unknown(why: str) -> Slowdown:
         return Slowdown(

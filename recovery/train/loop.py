@@ -116,7 +116,7 @@ def _run(
         )
     # Nothing is written before the options are known good; then the progress record, in its
     # start-up phase, for the node's agent to watch.
-    progress = open_progress(opts.run_dir, environ=environ)
+    progress = open_progress(opts.run_dir, environ=environ, until_step=opts.steps)
     ended = False
     try:
         if topology.multi:

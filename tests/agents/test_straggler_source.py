@@ -10,15 +10,17 @@ from pathlib import Path
 import pytest
 
 from agents.progress import ProgressSource
-from recovery.model import Source
+from recovery.model import HealthEvent, Source
 from recovery.ports.clock import FakeClock
-from recovery.progress import ProgressWriter
+from recovery.progress import ProgressWriter, write_job_budgets
+from recovery.progress.stacks import mark_supervised
 
 NODES = ("node1", "node2", "node3")
 
 
-@pytest.mark.parametrize("slow_rank", [1, None])
-def test_the_slow_processs_own_agent_reports_it_once(tmp_path: Path, slow_rank: int | None) -> None:
+def _slow_job(tmp_path: Path, slow_rank: int | None, steps: int = 60) -> list[HealthEvent]:
+    """Three processes on three nodes, ``slow_rank``'s work 4x its peers' from step 20;
+    every agent's events."""
     clock = FakeClock()
     directory = tmp_path / "progress"
     # Each node its own registry (entries are by pid, and these processes are this one).
@@ -32,7 +34,7 @@ def test_the_slow_processs_own_agent_reports_it_once(tmp_path: Path, slow_rank: 
         for n in NODES
     ]
     events = []
-    for step in range(1, 61):
+    for step in range(1, steps + 1):
         clock.advance(0.5)
         for r, w in enumerate(writers):
             slow = r == slow_rank and step > 20
@@ -41,6 +43,13 @@ def test_the_slow_processs_own_agent_reports_it_once(tmp_path: Path, slow_rank: 
         events += [e for s in sources for e in s.tick()]
     for w in writers:
         w.close()
+    return events
+
+
+@pytest.mark.parametrize("slow_rank", [1, None])
+def test_the_slow_processs_own_agent_reports_it_once(tmp_path: Path, slow_rank: int | None) -> None:
+    directory = tmp_path / "progress"
+    events = _slow_job(tmp_path, slow_rank)
     if slow_rank is None:
         assert events == []
         return
@@ -55,3 +64,30 @@ def test_the_slow_processs_own_agent_reports_it_once(tmp_path: Path, slow_rank: 
     kept = (directory / "slow" / "rank1.txt").read_text()
     assert kept.startswith("rank 1 pid ")
     assert event.message in kept
+
+
+@pytest.mark.parametrize(
+    ("rule", "supervised", "fault", "said"),
+    [
+        # 0.3 s lost a step over the ~970 steps left: about 290 s, more than a 60 s move.
+        ({"swap": True, "until_step": 1000}, False, "node-slow-swap", "moving the job saves"),
+        # A short job: the 30 steps left would save about 9 s.
+        ({"swap": True, "until_step": 60 + 30}, False, "node-slow", "not more than a move"),
+        ({"swap": True}, False, "node-slow", "the steps left are not known"),
+        ({"swap": True, "until_step": 1000}, True, "node-slow", "its supervisor moves it"),
+        ({"until_step": 1000}, False, "node-slow", ""),
+    ],
+)
+def test_a_job_that_asked_to_be_moved_off_a_straggler_is_when_it_pays(
+    tmp_path: Path, rule: dict[str, object], supervised: bool, fault: str, said: str
+) -> None:
+    directory = tmp_path / "progress"
+    write_job_budgets(directory, {"straggler": rule})
+    if supervised:
+        mark_supervised(directory, "node1 pid 1")
+    (event,) = _slow_job(tmp_path, 1)
+    assert (event.node, event.fault) == ("node2", fault)
+    if said:
+        assert said in event.message
+    else:  # reports only: nothing about a move
+        assert "move" not in event.message

@@ -24,7 +24,7 @@ from recovery.inalloc.decide import (
 from recovery.inalloc.hang import LaunchWatch
 from recovery.inalloc.supervisor import Supervisor, SupervisorJournal
 from recovery.progress import Budgets, Phase, ProgressWriter, read_record, write_job_budgets
-from recovery.progress.stacks import stacks_path, write_slow_report
+from recovery.progress.stacks import stacks_path, supervised, write_slow_report
 
 #: Learned after one step: the tests need not train long to be judged.
 BUDGETS = Budgets(floor_s=5.0, factor=10.0, learn_after=1)
@@ -225,6 +225,23 @@ def test_a_hung_launch_is_ended_after_its_stacks_and_relaunched_on_the_same_node
     assert relaunch["why"] == "hung: relaunched on the same nodes"
     order = [e["event"] for e in journal.events]
     assert order.index("stacks") < order.index("step-ended") < order.index("relaunch")
+
+
+def test_the_supervisor_marks_the_folder_it_watches_while_it_runs(tmp_path: Path) -> None:
+    """The agents leave moving the job off a slow node to the supervisor while the mark is
+    there; it goes with the supervisor."""
+    job = _job(tmp_path, [None])
+    seen: list[bool] = []
+    launch = job.launch
+
+    def launch_and_look(nodes: Sequence[str], command: Sequence[str]) -> TrainingStep:
+        seen.append(supervised(job.directory))
+        return launch(nodes, command)
+
+    job.launch = launch_and_look  # type: ignore[method-assign]
+    _supervise(job, tmp_path)
+    assert seen == [True]
+    assert not supervised(job.directory)
 
 
 def test_stacks_that_do_not_come_are_waited_for_a_bounded_time_and_named(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ EXPECTED: dict[str, Verdict] = {
     "xid150": IG, "xid154": IG, "gpu-lost": X, "ecc-uncorrected": D, "row-remap-failure": X,
     "tpu-runtime-error": R, "tpu-runtime-gone": R, "node-unreachable": X, "heartbeat-lost": IG,
     "gpu-reset-required": D, "rank-hang": R, "rank-frozen": R, "job-hang": R, "node-slow": OB,
-    "gpu-slowdown": OB,
+    "gpu-slowdown": OB, "node-slow-swap": D,
 }  # fmt: skip
 # NVSwitch SXids the Fabric Manager guide calls potentially fatal (reset GPUs and switches)
 # and always fatal (restart the host); both as reported Fatal.
@@ -61,7 +61,7 @@ NO_SAVE = {"xid79", "gpu-lost", "node-unreachable", "gpu-reset-required"} | {
 
 def test_catalogue_lists_exactly_the_expected_faults(catalogue: Catalogue) -> None:
     assert sorted(catalogue.known()) == sorted(EXPECTED)
-    assert catalogue.version == "2026.12.4"
+    assert catalogue.version == "2026.12.5"
     assert {c for c in catalogue.known() if catalogue.spec(c).job_fault} == JOB_FAULTS
 
 
@@ -212,6 +212,14 @@ def test_a_slow_node_is_reported_never_escalated_and_a_policy_verdict_acts(
     config = replace(PolicyConfig.default(), verdicts={"node-slow": Verdict.drain_reset})
     acted = Run(catalogue, config).send("node-slow")
     assert [type(a) for a in acted.actions] == [Drain, SaveThenRequeue, PromoteSpare]
+
+
+def test_a_slow_node_a_job_asked_to_be_moved_off_is_drained_with_a_save(run: Run) -> None:
+    """The agent reports node-slow-swap only when the job asked for it and it pays: the node
+    is drained, the job saves and is requeued, a spare comes in."""
+    moved = run.send("node-slow-swap")
+    assert moved.verdict == Verdict.drain_reset
+    assert [type(a) for a in moved.actions] == [Drain, SaveThenRequeue, PromoteSpare]
 
 
 def test_a_gpus_slowdown_and_the_slow_node_it_causes_are_one_incident(run: Run) -> None:

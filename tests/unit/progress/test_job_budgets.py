@@ -36,6 +36,9 @@ def test_overrides_merge_phases_and_keep_the_rest() -> None:
         ({"phases_s": {"save": -1}}, "save must be > 0 seconds"),
         ({"phases_s": [1]}, "phases_s: expected phase: seconds"),
         ([1, 2], "expected a mapping of floor_s"),
+        ({"straggler": {"until_step": -1}}, "until_step >= 0"),
+        ({"straggler": {"swap_cost_s": -5}}, "swap_cost_s >= 0"),
+        ({"straggler": {"until": 9}}, "key 'until'"),
     ],
 )
 def test_bad_overrides_are_refused_naming_what_is_valid(changes: object, said: str) -> None:
@@ -75,6 +78,25 @@ def test_process_0_keeps_the_jobs_budgets_from_the_environment(tmp_path: Path) -
     other = open_progress(tmp_path / "run2", budgets={"floor_s": 9}, environ=_env(tmp_path, 1))
     other.close()
     assert not (tmp_path / "run2" / "progress" / BUDGETS_FILE).exists()  # only process 0 keeps them
+
+
+@pytest.mark.parametrize(
+    ("rule", "kept"),
+    [
+        ({"swap": True}, {"swap": True, "until_step": 500}),
+        ({"swap": True, "until_step": 9}, {"swap": True, "until_step": 9}),
+        ({"factor": 2}, {"factor": 2}),  # no swaps asked: the steps left do not matter
+    ],
+)
+def test_a_job_asking_for_swaps_is_told_the_step_it_trains_to(
+    tmp_path: Path, rule: dict[str, object], kept: dict[str, object]
+) -> None:
+    writer = open_progress(
+        tmp_path / "run", budgets={"straggler": rule}, environ=_env(tmp_path, 0), until_step=500
+    )
+    writer.close()
+    saved = json.loads((tmp_path / "run" / "progress" / BUDGETS_FILE).read_text())
+    assert saved == {"straggler": kept}
 
 
 @pytest.mark.parametrize(

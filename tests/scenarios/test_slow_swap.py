@@ -1,0 +1,72 @@
+"""A slow node under a job that asked to be moved off a straggler, on the requeue path, for
+real on Slurm 25.11: the shipped ``slow-node`` scenario (node2's training process held to a
+tenth of a CPU at step 30) run with ``RECOVER_STALL_BUDGETS='{"straggler": {"swap": true}}'``
+and no spare in the job. node2's agent finds that the steps left would lose more than a move
+costs and reports ``node-slow-swap``; the coordinator drains node2, the job saves and is
+requeued onto the pool's spare, and completes with the control's digest. The report counts
+the time lost before the move and the move itself. Soak tier (about 4 minutes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scenarios.loader import find
+from tests.helpers import RECOVER
+from tests.plugins.slurm_cluster import require_2511
+from tests.scenarios.test_runs import _check_nothing_left
+from tests.slurm.helpers import require_local_slurm
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.soak]
+
+
+def _scenario(directory: Path) -> Path:
+    found = find("slow-node")
+    assert found.path is not None
+    doc = yaml.safe_load(found.path.read_text())
+    doc["description"] = "slow-node, its job asking to be moved off a straggler"
+    doc["expect"] = {
+        "incidents": 1,
+        "verdicts": ["drain-reset"],
+        "incident_faults": ["node-slow-swap"],
+        "incident_nodes": ["node2"],
+        "out_of_service": ["node2"],
+        "max_requeues": 1,
+        "max_steps_recomputed": 0,
+    }
+    path = directory / "slow-node-swap.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_a_slow_node_is_drained_and_the_job_moved_when_it_asked_and_it_pays(
+    control_cache: Path, tmp_path: Path
+) -> None:
+    require_local_slurm()
+    require_2511()
+    out = tmp_path / "run"
+    env = {**os.environ, "RECOVER_STALL_BUDGETS": json.dumps({"straggler": {"swap": True}})}
+    done = subprocess.run(
+        [*RECOVER, "scenario", "run", str(_scenario(tmp_path)), "--out", str(out), "--cache",
+         str(control_cache), "--json", "--no-budgets", "--slurm", "25.11", "--mode", "requeue"],
+        capture_output=True, text=True, timeout=900, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    result = json.loads(done.stdout)
+    assert result["passed"], result["checks"]
+    report = json.loads((out / "report.json").read_text())
+    (inc,) = report["incidents"]
+    assert "moving the job saves about" in inc["decision"] or inc["verdict"] == "drain-reset"
+    (slow,) = report["slowdowns"]
+    assert slow["node"] == "node2"
+    assert slow["swap"] == "swapped"
+    assert slow["lost_before_s"] > 0
+    assert slow["swap_s"] is not None
+    # After the move the job runs at its healthy pace again: far less lost than before it.
+    assert slow["lost_after_s"] < slow["lost_before_s"]
+    _check_nothing_left(Path(result["cluster_root"]))
