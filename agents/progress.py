@@ -33,8 +33,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agents.stacks import capture
+from recovery.errors import UsageError
 from recovery.model import HealthEvent, Source
 from recovery.ports.clock import Clock
 from recovery.proc import alive
@@ -87,11 +89,27 @@ class ProgressSource:
         self.node = node
         self.clock = clock
         self.registry = registry
-        self.budgets = budgets or Budgets()
+        self.budgets = self._base = budgets or Budgets()
+        self._site: dict[str, Any] = {}
         self._stacks = stacks
         self._log = log
         self._version = agent_version
         self._jobs: dict[Path, _Job] = {}
+
+    def use_site_budgets(self, changes: dict[str, Any]) -> None:
+        """Judge jobs by the site's thresholds (the coordinator's policy ``progress``, from
+        the heartbeat's answer) under their own: from each job's next launch on. Refused
+        ones are logged and the built-in defaults kept."""
+        if changes == self._site:
+            return
+        try:
+            budgets = self._base.overridden(changes, "the coordinator's progress thresholds")
+        except UsageError as e:
+            self._log(f"agent {self.node}: {e}; judging by the agent's own defaults")
+        else:
+            self.budgets = budgets
+            self._log(f"agent {self.node}: the site's progress thresholds: {changes}")
+        self._site = dict(changes)
 
     def run(
         self,

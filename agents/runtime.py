@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agents.commands import CommandLoop
 from agents.dedup import DEFAULT_WINDOW_S, Deduplicator
@@ -57,6 +57,9 @@ from recovery.errors import TransientError, unknown_choice
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock, SystemClock
 from recovery.progress.registry import registry_dir
+
+if TYPE_CHECKING:
+    from agents.progress import ProgressSource
 
 Log = Callable[[str], None]
 #: A queued event, the Event to set once it is settled, and the read mark of its line.
@@ -148,6 +151,7 @@ class Agent:
         self._tpu_runtime = tpu_runtime
         self._queue: queue.Queue[_Item] = queue.Queue()
         self._marks: list[MarkFile] = []
+        self._progress: ProgressSource | None = None  # the progress source, once started
         self._marks_due = 0.0  # monotonic seconds: when the read marks may be saved again
         self.spool = Spool(config.spool_dir, log=log)
         self.dedup = Deduplicator(self.clock, config.dedup_window_s)
@@ -332,7 +336,7 @@ class Agent:
         if "progress" in cfg.sources:
             from agents.progress import ProgressSource
 
-            watcher = ProgressSource(
+            watcher = self._progress = ProgressSource(
                 cfg.node, self.clock, cfg.progress_registry, log=self.log,
                 agent_version=cfg.version,
             )  # fmt: skip
@@ -382,8 +386,10 @@ class Agent:
         said = False
         while not stop.is_set():
             try:
-                self.link.heartbeat(self.config.version, {"spooled": len(self.spool)})
+                answer = self.link.heartbeat(self.config.version, {"spooled": len(self.spool)})
                 said = False
+                if self._progress is not None and isinstance(answer.get("progress"), dict):
+                    self._progress.use_site_budgets(answer["progress"])
             except (TransientError, Refused) as e:
                 if not said:  # one line per outage, not one per beat
                     self.log(f"agent: heartbeat failed: {e}")

@@ -11,6 +11,7 @@ Example file (every key optional)::
     save_timeout_s: 60
     spares: {groups: {node1: rack-a, node2: rack-a}, feature_prefix: "rack-"}
     requeue: {window_s: 120, budget: 3, budget_window_s: 3600}
+    progress: {floor_s: 30, straggler: {factor: 2.0}}
     dry_run: false
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from recovery.errors import unknown_choice
+from recovery.errors import UsageError, unknown_choice
 from recovery.model import Verdict
 from recovery.policy._files import (
     PolicyFileError,
@@ -39,6 +40,7 @@ from recovery.policy._files import (
 )
 from recovery.policy.catalogue import Catalogue, load_catalogue, parse_verdict
 from recovery.policy.requeue import RequeueConfig
+from recovery.progress import Budgets
 
 
 def _empty() -> Mapping[str, Any]:
@@ -123,6 +125,10 @@ class PolicyConfig:
     only an operator does."""
     requeue: RequeueConfig = field(default_factory=RequeueConfig)
     """Which jobs that ended on a node taken out for a fault the coordinator requeues."""
+    progress: Mapping[str, Any] = field(default_factory=_empty)
+    """The site's thresholds for judging jobs' progress (stall budgets and the straggler
+    rule, the keys of ``$RECOVER_STALL_BUDGETS``): the agents take them from their
+    heartbeats as their defaults; a job's own budgets go over them."""
 
     @classmethod
     def default(cls) -> PolicyConfig:
@@ -161,6 +167,7 @@ _TOP = (
     "dry_run",
     "repair_check",
     "requeue",
+    "progress",
 )
 
 
@@ -190,7 +197,20 @@ def load_policy_config(path: Path | None, *, catalogue: Catalogue | None = None)
         dry_run=boolean(data.get("dry_run", False), f"{where}: dry_run"),
         repair_check=_repair_check(data.get("repair_check"), f"{where}: repair_check"),
         requeue=_requeue(data.get("requeue", {}), f"{where}: requeue"),
+        progress=_progress(data.get("progress", {}), f"{where}: progress"),
     )
+
+
+def _progress(raw: object, where: str) -> Mapping[str, Any]:
+    """The site's progress thresholds, checked as a job's would be (a UsageError naming the
+    valid keys becomes a PolicyFileError)."""
+    data = require_mapping(raw, where)
+    try:
+        Budgets().overridden(data, where)
+    except UsageError as e:
+        said = str(e)
+        raise PolicyFileError(said if said.startswith(where) else f"{where}: {said}") from None
+    return MappingProxyType(json.loads(json.dumps(data)))
 
 
 def _requeue(raw: object, where: str) -> RequeueConfig:
@@ -201,7 +221,8 @@ def _requeue(raw: object, where: str) -> RequeueConfig:
         window_s=number(data.get("window_s", d.window_s), f"{where}: window_s"),
         budget=integer(data.get("budget", d.budget), f"{where}: budget"),
         budget_window_s=number(
-            data.get("budget_window_s", d.budget_window_s), f"{where}: budget_window_s",
+            data.get("budget_window_s", d.budget_window_s),
+            f"{where}: budget_window_s",
             strict=True,
         ),
     )

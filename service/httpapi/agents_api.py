@@ -3,6 +3,8 @@
 * ``POST /v1/heartbeat`` - an agent says it is alive (its node's token). Recorded in memory
   (:class:`HeartbeatTracker`), never journaled: a beat every 5 s from 1,000 nodes would be
   200 writes/s of nothing. The engine asks :meth:`HeartbeatTracker.silent` for nodes to suspect.
+  The answer carries the site's progress thresholds (the policy file's ``progress``), which
+  the agent judges jobs by.
 * ``GET /v1/agents/{node}/commands?wait=S`` - the agent's long poll (that node's token only);
   ``POST /v1/agents/{node}/commands/{id}/ack`` - its result (:mod:`service.httpapi.commands`).
 * ``GET /v1/agents`` - per node with a token: connected, last poll/heartbeat age, version.
@@ -21,8 +23,8 @@ command out in time (the command is dropped).
 
 import secrets
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Path, Query
@@ -93,14 +95,25 @@ class AgentChannel:
     clock: Clock
     inject_timeout_s: float = 10.0
     """How long ``POST /v1/inject`` waits for the agent, unless the request asks for less."""
+    progress: Mapping[str, Any] = field(default_factory=dict)
+    """The site's thresholds for judging jobs' progress (the policy file's ``progress``),
+    handed to every agent in the answer to its heartbeat."""
 
     @classmethod
-    def default(cls, clock: Clock, faults: Sequence[str] | None = None) -> "AgentChannel":
+    def default(
+        cls,
+        clock: Clock,
+        faults: Sequence[str] | None = None,
+        progress: Mapping[str, Any] | None = None,
+    ) -> "AgentChannel":
         if faults is None:
             from recovery.policy import load_catalogue  # the packaged catalogue, read once
 
             faults = load_catalogue().known()
-        return cls(CommandBroker(clock), HeartbeatTracker(clock), tuple(faults), clock)
+        return cls(
+            CommandBroker(clock), HeartbeatTracker(clock), tuple(faults), clock,
+            progress=dict(progress or {}),
+        )  # fmt: skip
 
 
 class Heartbeat(BaseModel):
@@ -152,7 +165,7 @@ def _heartbeat_routes(
         if not who.may_report_for(beat.node):
             raise HTTPException(403, f"the token of node {who.node} may not beat for {beat.node}")
         channel.heartbeats.beat(beat.node, beat.version)
-        return {"node": beat.node, "interval_s": HEARTBEAT_S}
+        return {"node": beat.node, "interval_s": HEARTBEAT_S, "progress": channel.progress}
 
     @app.get("/v1/agents", response_model=list[dict[str, Any]], dependencies=[Depends(caller)])
     def agents() -> list[dict[str, Any]]:

@@ -89,7 +89,7 @@ def run_coordinator(
     clock = SystemClock()
     journal = SqliteJournal(d / JOURNAL_FILE, clock)
     dry_run = opts.dry_run or config.dry_run
-    agents = AgentChannel.default(clock, catalogue.known())
+    agents = AgentChannel.default(clock, catalogue.known(), config.progress)
     rules = Rules(config, catalogue)
     engine = build_engine(
         journal=journal,

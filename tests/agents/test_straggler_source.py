@@ -6,6 +6,7 @@ In-process progress writers on a fake clock (the rule itself: tests/unit/progres
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,9 +19,11 @@ from recovery.progress.stacks import mark_supervised
 NODES = ("node1", "node2", "node3")
 
 
-def _slow_job(tmp_path: Path, slow_rank: int | None, steps: int = 60) -> list[HealthEvent]:
+def _slow_job(
+    tmp_path: Path, slow_rank: int | None, steps: int = 60, site: dict[str, Any] | None = None
+) -> list[HealthEvent]:
     """Three processes on three nodes, ``slow_rank``'s work 4x its peers' from step 20;
-    every agent's events."""
+    every agent's events. ``site``: the coordinator's progress thresholds, given to each."""
     clock = FakeClock()
     directory = tmp_path / "progress"
     # Each node its own registry (entries are by pid, and these processes are this one).
@@ -33,6 +36,8 @@ def _slow_job(tmp_path: Path, slow_rank: int | None, steps: int = 60) -> list[He
         ProgressSource(n, clock, tmp_path / n, stacks=lambda _pid: "", log=lambda _line: None)
         for n in NODES
     ]
+    for source in sources:
+        source.use_site_budgets(site or {})
     events = []
     for step in range(1, steps + 1):
         clock.advance(0.5)
@@ -91,3 +96,19 @@ def test_a_job_that_asked_to_be_moved_off_a_straggler_is_when_it_pays(
         assert said in event.message
     else:  # reports only: nothing about a move
         assert "move" not in event.message
+
+
+def test_the_sites_thresholds_from_the_coordinator_judge_the_jobs(tmp_path: Path) -> None:
+    """The policy file's ``progress`` reaches the agents with their heartbeats: a site that
+    calls a process slow only at 5x its peers hears nothing of a 4x one; a job's own budgets
+    still go over the site's."""
+    assert _slow_job(tmp_path / "a", 1, site={"straggler": {"factor": 5.0}}) == []
+    (tmp_path / "b" / "progress").mkdir(parents=True)
+    write_job_budgets(tmp_path / "b" / "progress", {"straggler": {"factor": 3.0}})
+    (event,) = _slow_job(tmp_path / "b", 1, site={"straggler": {"factor": 5.0}})
+    assert event.fault == "node-slow"
+    logged: list[str] = []
+    source = ProgressSource("n", FakeClock(), tmp_path / "r", log=logged.append)
+    source.use_site_budgets({"straggler": {"factor": 0.5}})
+    assert source.budgets.straggler.factor == 1.5  # refused: the agent's own kept
+    assert "straggler factor must be > 1" in logged[0]

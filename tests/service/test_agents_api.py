@@ -146,10 +146,16 @@ def test_heartbeat_route_records_in_memory_for_the_tokens_own_node(tmp_path: Pat
             "/v1/heartbeat", json={"node": "n1", "version": "9"}, headers=auth(NODE_TOKENS["n1"])
         )
         assert r.status_code == 200, r.text
+        first = r.json()
         r = api.client.post("/v1/heartbeat", json={"node": "n2"}, headers=auth(NODE_TOKENS["n1"]))
         assert r.status_code == 403
         r = api.client.post("/v1/heartbeat", json={"node": "n1"})
         assert r.status_code == 401
+        assert first["progress"] == {}  # no site thresholds: the agents' own defaults
+        api.app.state.agents.progress = {"floor_s": 30, "straggler": {"factor": 2.0}}
+        beat = {"node": "n1", "version": "9"}
+        r = api.client.post("/v1/heartbeat", json=beat, headers=auth(NODE_TOKENS["n1"]))
+        assert r.json()["progress"] == {"floor_s": 30, "straggler": {"factor": 2.0}}
         tracker = api.app.state.agents.heartbeats
         assert tracker.version("n1") == "9"
         assert tracker.last_seen("n2") is None

@@ -19,6 +19,7 @@ flapping: {threshold: 5, window_s: 3600}
 breaker: {window_s: 60, max_fraction: 0.25, max_nodes: 3, hold_max_age_s: 120}
 save_timeout_s: 30
 spares: {groups: {n1: rack-a, n2: rack-b}, feature_prefix: "nvl-"}
+progress: {floor_s: 30, phases_s: {evaluation: 7200}, straggler: {factor: 2.0}}
 dry_run: true
 """
 
@@ -53,6 +54,11 @@ def test_full_file(tmp_path: Path) -> None:
     assert c.save_timeout_s == 30
     assert dict(c.spares.groups) == {"n1": "rack-a", "n2": "rack-b"}
     assert c.spares.feature_prefix == "nvl-"
+    assert dict(c.progress) == {
+        "floor_s": 30,
+        "phases_s": {"evaluation": 7200},
+        "straggler": {"factor": 2.0},
+    }
     assert c.dry_run is True
 
 
@@ -81,6 +87,9 @@ def test_fingerprint_follows_every_setting(tmp_path: Path) -> None:
         ("dry_run: yes please\n", "dry_run: expected true or false"),
         ("spares: {groups: [n1]}\n", "spares: groups: expected a mapping"),
         ("spares: {colour: red}\n", "spares: unknown key 'colour'"),
+        ("progress: {flor_s: 3}\n", "progress: key 'flor_s'. Known: factor, floor_s"),
+        ("progress: {straggler: {factor: 1}}\n", "straggler factor must be > 1"),
+        ("progress: 5\n", "progress: expected a mapping"),
         ("- 1\n", "expected a mapping"),
         ("a: [\n", "not valid YAML"),
     ],
