@@ -260,7 +260,10 @@ class StallWatch:
                 for rec in live.values()
                 if rec.step_finished >= newest - 1 and rec.last_step_s > 0
             ]
-            if recent:
+            # A step that took longer than the budget was a stall that ended by itself (an
+            # unannounced wait the watchers judged, or would have): not the job's cadence.
+            # Learnt, one such gap would raise the p99, and the budget tenfold with it.
+            if recent and min(recent) <= self.step_budget_s():
                 self._per_step.append(min(recent))
         self._newest = max(self._newest, newest)
 

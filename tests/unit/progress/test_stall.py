@@ -86,6 +86,20 @@ def test_a_short_phase_every_step_does_not_stop_the_learning(tmp_path: Path) -> 
     assert job.records()[0].last_step_s == pytest.approx(0.4)
 
 
+def test_a_stall_that_ended_by_itself_is_not_learnt(tmp_path: Path) -> None:
+    """An unannounced 15 s wait (a stall the job came out of) is no step time: after it a
+    second stall is judged by the same 5 s, not 10 x 15 s."""
+    job, watch = trained(tmp_path)
+    job.tick(15.0)
+    assert watch.observe(job.records(), job.t).stalled
+    for n in range(21, 41):
+        job.step(n)
+        watch.observe(job.records(), job.t)
+    assert watch.step_budget_s() == pytest.approx(5.0)
+    job.tick(6.0)
+    assert watch.observe(job.records(), job.t).stalled
+
+
 def test_unlearned_budget_before_enough_steps(tmp_path: Path) -> None:
     job, watch = Job(tmp_path), StallWatch()
     job.step(1)
