@@ -69,7 +69,10 @@ class _Job:
     reported: bool = False
     straggler: StragglerWatch = field(default_factory=StragglerWatch)
     slow_reported: bool = False
-    """A straggler is reported once per launch."""
+    """A straggler is reported once per launch ..."""
+    move_pending: bool = False
+    """... and once more (``node-slow-swap``) when a move the job asked for did not pay at
+    first and does later."""
 
 
 class ProgressSource:
@@ -185,17 +188,29 @@ class ProgressSource:
         here: dict[int, Record],
         now: float,
     ) -> HealthEvent | None:
-        """``node-slow`` when the job's straggler runs here (once per launch)."""
+        """``node-slow`` when the job's straggler runs here (once per launch); for a job that
+        asked to be moved off a straggler, ``node-slow-swap`` once the move pays (at once, or
+        on a later look: a straggler found early is measured over a window still half
+        healthy, and what the move saves grows as the window fills)."""
         found = job.straggler.observe(records)
-        if found is None or job.slow_reported or found.rank not in here:
-            return None  # none, told already, or another node's agent tells it
-        job.slow_reported = True
-        name = f"job {slurm_job}" if slurm_job else f"the job in {directory}"
+        if found is None or found.rank not in here:
+            return None  # none, or another node's agent tells it
+        if job.slow_reported and not job.move_pending:
+            return None  # told already
         config = job.straggler.config
         if config.swap and supervised(directory):
             move, why = False, "its supervisor moves it off the node inside its allocation"
         else:
             move, why = config.requeue_swap(found)
+        first = not job.slow_reported
+        job.slow_reported = True
+        job.move_pending = (
+            not move and config.swap and 0 < found.step < config.until_step
+            and not supervised(directory)
+        )  # fmt: skip
+        if not first and not move:
+            return None
+        name = f"job {slurm_job}" if slurm_job else f"the job in {directory}"
         event = self._slow_event(name, found, records, now, move, why if config.swap else "")
         try:  # for the job's supervisor, which waits for it before it swaps the node out
             write_slow_report(directory, records[found.rank], event.message, now)
@@ -217,7 +232,7 @@ class ProgressSource:
         message = f"{job}: {found.describe()} (at step {found.step})" + (f"; {why}" if why else "")
         fault = "node-slow-swap" if move else "node-slow"
         digest = hashlib.sha256(
-            f"slow|{sorted(r.pid for r in records.values())}|{found.rank}".encode()
+            f"slow|{sorted(r.pid for r in records.values())}|{found.rank}|{move}".encode()
         ).hexdigest()[:16]
         self._log(f"agent {self.node}: {fault}: {message[:300]}")
         return HealthEvent(

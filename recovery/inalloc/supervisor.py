@@ -75,6 +75,9 @@ SLOW_REPORT_WAIT_S = 6.0
 #: the job measured one of its own: on standbys that are up, 3 to 4 s were measured here
 #: (benchmarks/hang_bench.py, in-allocation); a larger model restores and compiles longer.
 RELAUNCH_COST_S = 10.0
+#: Seconds between two judgements of a straggler whose swap did not pay yet: found early, its
+#: excess is measured over a window still half healthy, and it grows as the window fills.
+SLOW_REJUDGE_S = 5.0
 
 
 class Step(Protocol):
@@ -327,7 +330,8 @@ class Supervisor:
         look_at = self.clock() + LOOK_EVERY_S
         stall: Verdict | None = None
         swap: Relaunch | None = None
-        slow_seen = False
+        slow_at: float | None = self.clock()  # when the straggler may be judged (None: done)
+        slow_said = False
         while True:
             self._take_signals(layout, step)
             status = step.wait(STEP_POLL_S)
@@ -342,9 +346,11 @@ class Supervisor:
                 look_at = self.clock() + LOOK_EVERY_S
                 stall = self._stalled(watch, attempt)
                 self._note_relaunch_cost(watch, attempt)
-                if stall is None and watch.straggler is not None and not slow_seen:
-                    slow_seen = True  # judged once a launch
-                    swap = self._swap_for(watch, layout, attempt)
+                due = slow_at is not None and self.clock() >= slow_at
+                if stall is None and watch.straggler is not None and due:
+                    swap, again = self._swap_for(watch, layout, attempt, said=slow_said)
+                    slow_said = True
+                    slow_at = self.clock() + SLOW_REJUDGE_S if again else None
                 if stall is not None or swap is not None:
                     step.end()
         self._take_signals(layout, None)  # one that came as the step ended
@@ -360,9 +366,13 @@ class Supervisor:
         self._relaunch_cost_s = cost
         self.journal("relaunch-cost", attempt=attempt, cost_s=round(cost, 3))
 
-    def _swap_for(self, watch: LaunchWatch, layout: Layout, attempt: int) -> Relaunch | None:
+    def _swap_for(
+        self, watch: LaunchWatch, layout: Layout, attempt: int, *, said: bool = False
+    ) -> tuple[Relaunch | None, bool]:
         """The relaunch without the launch's straggler, when the job asked for swaps and it
-        is worth it (:func:`~recovery.inalloc.decide.after_slow`); journaled either way."""
+        is worth it (:func:`~recovery.inalloc.decide.after_slow`), and whether to judge it
+        again later (only a gain that does not pay yet may change). Journaled the first time
+        (``said`` false) and when it swaps."""
         slow = watch.straggler
         assert slow is not None
         cost = self._relaunch_cost_s if self._relaunch_cost_s is not None else RELAUNCH_COST_S
@@ -377,6 +387,10 @@ class Supervisor:
                 layout, slow.node, gain_s=gain, cost_s=cost, relaunches=attempt,
                 max_relaunches=self.max_relaunches,
             )  # fmt: skip
+        swapping = isinstance(outcome, Relaunch)
+        again = not swapping and watch.straggler_rule.swap and left is not None and gain <= cost
+        if said and not swapping:
+            return None, again
         self.journal(
             "slow",
             attempt=attempt,
@@ -392,7 +406,7 @@ class Supervisor:
             why=outcome.why if isinstance(outcome, Relaunch) else outcome,
         )
         if not isinstance(outcome, Relaunch):
-            return None
+            return None, again
         # The node's agent reports it (the incident) from the same records: give it a moment,
         # as for a hang's stacks; once the launch ends there is nothing left to report.
         deadline = self.clock() + self.slow_report_wait_s
@@ -401,7 +415,7 @@ class Supervisor:
                 self.journal("slow-unreported", attempt=attempt, node=slow.node, rank=slow.rank)
                 break
             self.sleep(POLL_S)
-        return outcome
+        return outcome, False
 
     def _stalled(self, watch: LaunchWatch, attempt: int) -> Verdict | None:
         """The verdict when the launch has stopped making progress (after waiting, up to

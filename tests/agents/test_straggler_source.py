@@ -20,10 +20,15 @@ NODES = ("node1", "node2", "node3")
 
 
 def _slow_job(
-    tmp_path: Path, slow_rank: int | None, steps: int = 60, site: dict[str, Any] | None = None
+    tmp_path: Path,
+    slow_rank: int | None,
+    steps: int = 60,
+    site: dict[str, Any] | None = None,
+    ramp_at: int | None = None,
 ) -> list[HealthEvent]:
-    """Three processes on three nodes, ``slow_rank``'s work 4x its peers' from step 20;
-    every agent's events. ``site``: the coordinator's progress thresholds, given to each."""
+    """Three processes on three nodes, ``slow_rank``'s work 4x its peers' from step 20 (2x
+    until ``ramp_at``, when given); every agent's events. ``site``: the coordinator's progress
+    thresholds, given to each."""
     clock = FakeClock()
     directory = tmp_path / "progress"
     # Each node its own registry (entries are by pid, and these processes are this one).
@@ -43,7 +48,8 @@ def _slow_job(
         clock.advance(0.5)
         for r, w in enumerate(writers):
             slow = r == slow_rank and step > 20
-            w.step_finished(step, compute_s=0.4 if slow else 0.1)
+            ramping = ramp_at is not None and step < ramp_at
+            w.step_finished(step, compute_s=(0.2 if ramping else 0.4) if slow else 0.1)
             w.alive()
         events += [e for s in sources for e in s.tick()]
     for w in writers:
@@ -112,3 +118,20 @@ def test_the_sites_thresholds_from_the_coordinator_judge_the_jobs(tmp_path: Path
     source.use_site_budgets({"straggler": {"factor": 0.5}})
     assert source.budgets.straggler.factor == 1.5  # refused: the agent's own kept
     assert "straggler factor must be > 1" in logged[0]
+
+
+def test_a_move_that_did_not_pay_at_first_is_asked_for_once_it_does(tmp_path: Path) -> None:
+    """Found at 2x, the move would save too little; at 4x it pays: node-slow first, then one
+    node-slow-swap, and nothing more."""
+    directory = tmp_path / "progress"
+    write_job_budgets(
+        directory, {"straggler": {"swap": True, "until_step": 200, "swap_cost_s": 20}}
+    )
+    events = _slow_job(tmp_path, 1, steps=120, ramp_at=60)
+    assert [(e.node, e.fault) for e in events] == [
+        ("node2", "node-slow"),
+        ("node2", "node-slow-swap"),
+    ]
+    assert "not more than a move costs" in events[0].message
+    assert "moving the job saves about" in events[1].message
+    assert events[0].id != events[1].id

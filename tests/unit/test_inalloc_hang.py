@@ -63,6 +63,9 @@ class TrainingStep:
     max_waits: int = 5_000
     slow_rank: int | None = None
     """From step 10, this process takes 0.4 s of its own work a step, its peers 0.1 s."""
+    slow_ramp_at: int | None = None
+    """With a slow rank: 0.2 s of work a step until this step, then 0.4 s (a node that slows
+    down by degrees)."""
     pid: int = 1
     warm: list[str] = field(default_factory=list)
     ended: bool = False
@@ -100,7 +103,8 @@ class TrainingStep:
                 continue
             w.step_started(self.step + 1)
             slow = r == self.slow_rank and self.step >= 10
-            w.step_finished(self.step + 1, compute_s=0.4 if slow else 0.1)
+            ramping = self.slow_ramp_at is not None and self.step < self.slow_ramp_at
+            w.step_finished(self.step + 1, compute_s=(0.2 if ramping else 0.4) if slow else 0.1)
         if hung:
             if self.stacks:
                 for r in range(len(self._writers)):
@@ -411,6 +415,25 @@ def test_a_slow_node_is_swapped_for_a_spare_only_when_asked_and_worth_it(
         assert job.launches == [["n2", "n3"]]
         assert job.released == []
     assert not _events(journal, "stalled")
+
+
+def test_a_straggler_whose_swap_did_not_pay_yet_is_judged_again(tmp_path: Path) -> None:
+    """Found while its slowdown was small (or its window still half healthy), the swap does
+    not pay; the slowdown grows, and a later judgement swaps it. Journaled twice: the first
+    judgement and the swap."""
+    job = _job(
+        tmp_path, [None, None], step_kw={"steps": 100},
+        launch_kw=[{"slow_rank": 1, "slow_ramp_at": 40}, {}],
+    )  # fmt: skip
+    write_job_budgets(job.directory, {"straggler": {"swap": True}})
+    decision, journal = _supervise(job, tmp_path, steps=100)
+    assert decision == Finish(0, "the training step completed")
+    first, then = _events(journal, "slow")
+    assert first["swap"] is False
+    assert "not more than a relaunch costs" in str(first["why"])
+    assert then["swap"] is True
+    assert float(then["step"]) > float(first["step"])  # type: ignore[arg-type]
+    assert job.launches == [["n2", "n3"], ["n2", "n4"]]
 
 
 def test_after_slow_rules() -> None:

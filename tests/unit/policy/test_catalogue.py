@@ -222,6 +222,20 @@ def test_a_slow_node_a_job_asked_to_be_moved_off_is_drained_with_a_save(run: Run
     assert [type(a) for a in moved.actions] == [Drain, SaveThenRequeue, PromoteSpare]
 
 
+@pytest.mark.parametrize("later_s", [10.0, 120.0])
+def test_a_move_that_pays_later_acts_on_the_slow_nodes_open_incident(
+    catalogue: Catalogue, later_s: float
+) -> None:
+    """The agent reports node-slow, then, once the slowdown has grown, node-slow-swap: the
+    move is acted on, within the correlation window or after it."""
+    run = Run(catalogue, PolicyConfig.default())
+    first = run.send("node-slow")
+    moved = run.send("node-slow-swap", at=later_s)
+    assert first.actions == ()
+    assert moved.verdict == Verdict.drain_reset
+    assert [type(a) for a in moved.actions] == [Drain, SaveThenRequeue, PromoteSpare]
+
+
 def test_a_gpus_slowdown_and_the_slow_node_it_causes_are_one_incident(run: Run) -> None:
     first = run.send("gpu-slowdown")
     second = run.send("node-slow", at=20.0)
