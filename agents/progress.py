@@ -102,7 +102,7 @@ class ProgressSource:
     def use_site_budgets(self, changes: dict[str, Any]) -> None:
         """Judge jobs by the site's thresholds (the coordinator's policy ``progress``, from
         the heartbeat's answer) under their own: from each job's next launch on. Refused
-        ones are logged and the built-in defaults kept."""
+        ones are logged and the agent's own defaults kept."""
         if changes == self._site:
             return
         try:

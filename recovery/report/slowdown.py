@@ -103,14 +103,13 @@ def _began(incident: Incident, run: RunRecord) -> tuple[float, str]:
 def _supervisor_word(run: RunRecord, node: str, after: float) -> tuple[str, str]:
     """The supervisor's choice for ``node`` (``swapped`` or ``left in``) and its reason; empty
     when it journaled none."""
-    slow = next(
-        (
-            e
-            for e in run.supervisor
-            if e.event == "slow" and e.at >= after and e.data.get("node") == node
-        ),
-        None,
-    )
+    judged = [
+        e
+        for e in run.supervisor
+        if e.event == "slow" and e.at >= after and e.data.get("node") == node
+    ]
+    # Judged again while the swap did not pay: the swap, when one came, is what was done.
+    slow = next((e for e in judged if e.data.get("swap")), judged[0] if judged else None)
     if slow is None:
         return "", ""
     return ("swapped" if slow.data.get("swap") else "left in"), str(slow.data.get("why", ""))

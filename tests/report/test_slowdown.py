@@ -109,6 +109,17 @@ def test_a_swapped_slow_node_costs_its_slow_updates_and_the_swap() -> None:
     assert s.total_s == pytest.approx(sum(filter(None, (s.lost_before_s, s.swap_s))))
 
 
+def test_a_swap_after_a_first_judgement_that_did_not_pay_is_what_was_done() -> None:
+    procs = _processes(swapped=True)
+    said = (
+        SupervisorEntry("slow", BEGAN + 5, {"node": "node2", "swap": False, "why": "too little"}),
+        SupervisorEntry("slow", BEGAN + 9, {"node": "node2", "swap": True, "why": "saves"}),
+    )
+    run = _run(procs, said)
+    s = slowdown(run.incidents[0], run, procs)
+    assert (s.swap, s.swap_detail) == ("swapped", "saves")
+
+
 def test_a_slow_node_left_in_costs_every_slow_update_to_the_end() -> None:
     procs = _processes(swapped=False)
     run = _run(procs)
