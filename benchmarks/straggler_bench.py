@@ -54,7 +54,6 @@ SWAP = json.dumps({"straggler": {"swap": True}})
 MOVED = {
     "incidents": 1,
     "verdicts": ["drain-reset"],
-    "incident_faults": ["node-slow-swap"],
     "incident_nodes": ["node2"],
     "out_of_service": ["node2"],
     "max_requeues": 1,
@@ -139,8 +138,8 @@ def _moved(out: Path) -> dict[str, Any]:
         report = json.loads((out / "report.json").read_text())
     except (OSError, ValueError):
         return {}
-    faults = [inc.get("fault") for inc in report.get("incidents") or []]
-    return {"moved": "node-slow-swap" in faults} if faults else {}
+    verdicts = [inc.get("verdict") for inc in report.get("incidents") or []]
+    return {"moved": "drain-reset" in verdicts} if verdicts else {}
 
 
 def _p50(values: list[float]) -> str:

@@ -44,7 +44,7 @@ def unknown_choice(kind: str, value: object, known: Iterable[object]) -> UsageEr
     Names are listed alphabetically, numbered ones (``xid79``) by number after the plain ones;
     a family of more than :data:`_LIST_AT_MOST` numbered names (the catalogue's NVSwitch
     SXids) is summarised by its count and range, so the common names stay in a message that
-    HTTP clients cut at 500 characters."""
+    HTTP clients cut at :data:`recovery.httpbody.LIMIT` characters."""
     plain: list[str] = []
     families: dict[str, list[tuple[int, str]]] = {}
     for k in {str(k) for k in known}:

@@ -10,7 +10,7 @@ import json
 
 #: The most characters of an answer an error message carries (an HTML error page from a proxy,
 #: a long list of validation errors).
-LIMIT = 500
+LIMIT = 640
 
 
 def error_reason(body: str, *, limit: int = LIMIT) -> str:

@@ -377,7 +377,7 @@ class Supervisor:
         assert slow is not None
         cost = self._relaunch_cost_s if self._relaunch_cost_s is not None else RELAUNCH_COST_S
         left = None if self.steps is None else self.steps - slow.step
-        gain = 0.0 if left is None else swap_gain(slow.step_s, slow.peers_s, left)
+        gain = 0.0 if left is None else swap_gain(slow.peers_s + slow.excess_s, slow.peers_s, left)
         if not watch.straggler_rule.swap:
             outcome: Relaunch | str = "the job asks for reports only (straggler.swap false)"
         elif left is None:

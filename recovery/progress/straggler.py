@@ -79,7 +79,7 @@ class StragglerConfig:
         left = self.until_step - found.step
         if self.until_step <= 0 or left <= 0:
             return False, "the steps left are not known (straggler.until_step)"
-        gain = max(0.0, found.step_s - found.peers_s) * left
+        gain = found.excess_s * left
         if gain <= self.swap_cost_s:
             return False, (
                 f"it would save {gain:.1f} s over the {left} steps left, not more than a move "
@@ -132,17 +132,37 @@ class Straggler:
     """The newest finished step now."""
     lost_s: float
     """Seconds the job lost to it so far: its excess a step, times the steps since."""
+    job_step_s: float | None = None
+    """The job's time per step now (the median over the window's looks)."""
+    healthy_step_s: float | None = None
+    """The job's time per step before anyone was slow (None: not seen)."""
 
     @property
     def slowdown(self) -> float:
         return self.step_s / self.peers_s if self.peers_s > 0 else float("inf")
 
+    @property
+    def excess_s(self) -> float:
+        """What the job loses to it a step: its own work's excess over its peers', or, when
+        more, the job's step time over its healthy one (a throttled process is slow at more
+        than its timed share: the update after the exchange, its batches)."""
+        own = max(0.0, self.step_s - self.peers_s)
+        if self.job_step_s is None or self.healthy_step_s is None:
+            return own
+        return max(own, self.job_step_s - self.healthy_step_s)
+
     def describe(self) -> str:
         return (
             f"rank {self.rank} on {self.node or '?'} does its share of a step in "
             f"{self.step_s:.3f} s against {self.peers_s:.3f} s for its peers "
-            f"({self.slowdown:.1f}x, since step {self.since_step}); the job has lost about "
-            f"{self.lost_s:.1f} s to it so far"
+            f"({self.slowdown:.1f}x, since step {self.since_step})"
+            + (
+                f"; the job's step takes {self.job_step_s:.3f} s against "
+                f"{self.healthy_step_s:.3f} s before"
+                if self.job_step_s is not None and self.healthy_step_s is not None
+                else ""
+            )
+            + f"; the job has lost about {self.lost_s:.1f} s to it so far"
         )
 
 
@@ -154,6 +174,11 @@ class StragglerWatch:
         self._history: dict[int, deque[tuple[int, float]]] = {}
         self._slow: dict[int, tuple[int, int]] = {}
         """Per rank seen slow: (looks in a row, the newest step when first seen)."""
+        self._healthy: deque[tuple[int, float]] = deque(maxlen=4 * self.config.window_steps)
+        """(step, the job's time per step) on looks when no process was slow."""
+        self._recent: deque[float] = deque(maxlen=max(2, self.config.window_steps // 4))
+        """The job's time per step on the latest looks."""
+        self._newest = -1
 
     def means(self, records: Mapping[int, Record]) -> dict[int, float]:
         """Each process's work per step over the window, for those that have a full window
@@ -177,10 +202,20 @@ class StragglerWatch:
         """The job's straggler after this look at its records (by rank), if there is one."""
         live = {r: rec for r, rec in records.items() if rec.phase is not Phase.done}
         means = self.means(live)
+        step = max((rec.step_finished for rec in live.values()), default=-1)
+        if step > self._newest:
+            # Every process's step ends together (each waits for the others): the least
+            # time per step among them is the job's, a phase one of them announced left out.
+            times = [rec.last_step_s for rec in live.values() if rec.last_step_s > 0]
+            if times:
+                self._recent.append(min(times))
+                if not self._slow:
+                    self._healthy.append((step, min(times)))
+            self._newest = step
         if len(means) < 2:
             self._slow.clear()
             return None
-        step = max(rec.step_finished for rec in live.values())
+        job_step = statistics.median(self._recent) if self._recent else None
         found: list[Straggler] = []
         for rank, mean in means.items():
             peers = statistics.median(m for r, m in means.items() if r != rank)
@@ -196,7 +231,14 @@ class StragglerWatch:
             self._slow[rank] = (looks + 1, since)
             if looks + 1 >= self.config.persist:
                 rec = live[rank]
-                lost = (mean - peers) * max(0, step - since + self.config.window_steps)
-                found.append(Straggler(rank, rec.node, rec.pid, mean, peers, since, step, lost))
+                # It is seen slow within a window of going slow: the step times of the
+                # looks before that are healthy for sure (the ones after may not be).
+                before = [t for n, t in self._healthy if n <= since - self.config.window_steps]
+                healthy = statistics.median(before) if before else None
+                slow_one = Straggler(
+                    rank, rec.node, rec.pid, mean, peers, since, step, 0.0, job_step, healthy
+                )
+                lost = slow_one.excess_s * max(0, step - since + self.config.window_steps)
+                found.append(replace(slow_one, lost_s=lost))
         # Several at once (a slow rack): the slowest first; the others are in its shadow.
         return max(found, key=lambda s: s.slowdown, default=None)

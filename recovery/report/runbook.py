@@ -313,7 +313,7 @@ def _slow(report: Report) -> list[str]:
         if s.why:
             out += ["", f"- {s.node}: cost not measured: {s.why}."]
         elif s.swap_detail:
-            out += ["", f"- {s.node}, the job's supervisor: {s.swap_detail}."]
+            out += ["", f"- {s.node}: {s.swap_detail}."]
     return out
 
 

@@ -30,7 +30,7 @@ from recovery.report.restarts import high_water
 from recovery.report.run import Incident, RunRecord
 
 #: The faults that mean "this node is slow" (the agents' and NVML's).
-SLOW_FAULTS = frozenset({"node-slow", "gpu-slowdown"})
+SLOW_FAULTS = frozenset({"node-slow", "node-slow-swap", "gpu-slowdown"})
 #: Updates a process does first that include compilation: never part of a step time.
 WARM_STEPS = 2
 #: Healthy updates needed for a baseline.
@@ -122,9 +122,15 @@ def slowdown(incident: Incident, run: RunRecord, processes: Sequence[Process]) -
     decided = next((p.at for p in incident.phases if p.name == "decided"), None)
     live = [p for p in processes if p.started <= began]
     word, detail = _supervisor_word(run, incident.node, began)
-    if not word and incident.fault == "node-slow-swap":  # moved on the requeue path
+    # Moved on the requeue path: the agent's node-slow-swap, alone or joining the node's
+    # node-slow incident (which it raises to drain-reset).
+    moved = incident.fault == "node-slow-swap" or incident.verdict in ("drain-reset", "replace")
+    if not word and moved:
         word = "swapped"
-        detail = next((p.detail for p in incident.phases if p.name == "decided"), "")
+        detail = (
+            f"the agent asked for the move (node-slow-swap); {incident.node} drained, the job "
+            "saved and requeued onto a spare"
+        )
 
     def unknown(why: str) -> Slowdown:
         return Slowdown(

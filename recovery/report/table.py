@@ -249,7 +249,7 @@ def slowdown_lines(s: Slowdown) -> list[str]:
         + f"; in all {seconds(s.total_s)}",
     ]
     if s.swap_detail:
-        lines.append(f"  the supervisor: {s.swap_detail}")
+        lines.append(f"  why: {s.swap_detail}")
     return lines
 
 

@@ -80,6 +80,9 @@ def test_recover_report_prints_the_table_and_the_png(
     assert main(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
     for phase in PHASES:
+        if phase == "diagnose":  # an xid79 is no stall: no stacks to take
+            assert re.search(r"^diagnose\s+-\s+-\s+n/a: no stacks", out, re.MULTILINE)
+            continue
         assert re.search(rf"^{phase}\s+\d+\.\d\d s", out, re.MULTILINE), phase
     assert "lost progress: 0 step(s)" in out
     assert "replacement: 0.26 s" in out

@@ -4,6 +4,7 @@ numbered family summarised so the common names fit in a cut HTTP error."""
 from __future__ import annotations
 
 from recovery.errors import unknown_choice
+from recovery.httpbody import LIMIT
 from recovery.policy.catalogue import load_catalogue
 
 
@@ -13,10 +14,10 @@ def test_numbered_names_sort_by_number_after_plain_ones() -> None:
     assert err.exit_code == 2
 
 
-def test_the_catalogue_fits_in_500_characters_with_every_xid_named() -> None:
+def test_the_catalogue_fits_what_http_clients_show_with_every_xid_named() -> None:
     known = load_catalogue().known()
     text = str(unknown_choice("fault", "xid9999x", known))
-    assert len(text) <= 500
+    assert len(text) <= LIMIT
     listed = text.split("Known: ", 1)[1].split(", ")
     assert {k for k in known if not k.startswith("sxid")} == {
         k for k in listed if not k.startswith("sxid") and "<N>" not in k

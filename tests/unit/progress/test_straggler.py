@@ -13,11 +13,11 @@ from recovery.progress import Phase, Record
 from recovery.progress.straggler import Straggler, StragglerConfig, StragglerWatch
 
 
-def _record(rank: int, steps: int, total: float) -> Record:
+def _record(rank: int, steps: int, total: float, step_s: float = 0.5) -> Record:
     return Record(
         pid=100 + rank, rank=rank, size=4, node=f"node{rank + 1}", phase=Phase.steps,
         phase_since=0.0, phase_budget_s=0.0, step_started=steps, step_finished=steps,
-        step_started_at=0.0, step_finished_at=0.0, last_step_s=0.5, alive_at=0.0,
+        step_started_at=0.0, step_finished_at=0.0, last_step_s=step_s, alive_at=0.0,
         compute_total_s=total, compute_steps=steps,
     )  # fmt: skip
 
@@ -91,3 +91,25 @@ def test_a_single_process_or_one_that_reports_no_work_is_not_judged() -> None:
 def test_bad_thresholds_are_refused(kw: dict[str, float]) -> None:
     with pytest.raises(UsageError):
         StragglerConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_what_the_job_loses_a_step_is_its_step_time_over_the_healthy_one_when_more() -> None:
+    """A throttled process is slow at more than its timed share (the update after the
+    exchange, its batches): its share grew by 0.2 s, the job's step by 0.75 s. The move is
+    reckoned on the 0.75 s."""
+    watch = StragglerWatch(StragglerConfig(swap=True, until_step=200, swap_cost_s=60))
+    totals = dict.fromkeys(range(4), 0.0)
+    found = None
+    for step in range(1, 71):
+        slow = step > 30
+        for r in totals:
+            totals[r] += 0.3 if (slow and r == 1) else 0.1
+        step_s = 1.0 if slow else 0.25
+        found = watch.observe({r: _record(r, step, t, step_s) for r, t in totals.items()})
+    assert found is not None
+    assert found.step_s - found.peers_s == pytest.approx(0.2)
+    assert (found.job_step_s, found.healthy_step_s) == (1.0, 0.25)
+    assert found.excess_s == pytest.approx(0.75)
+    assert "the job's step takes 1.000 s against 0.250 s before" in found.describe()
+    move, why = watch.config.requeue_swap(found)
+    assert move, why  # 0.75 s x 130 steps left; 0.2 s x 130 = 26 s would not pay
