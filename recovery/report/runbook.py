@@ -293,21 +293,7 @@ def _slow(report: Report) -> list[str]:
         "was in, the swap (last slow update to the first update past it, less one healthy "
         "step), and the updates after it beyond the healthy step time.",
         "",
-        *_md_table(
-            (
-                "node",
-                "done",
-                "healthy step",
-                "slow step",
-                "slowdown",
-                "slow updates",
-                "lost before swap",
-                "swap",
-                "lost after",
-                "in all",
-            ),
-            rows,
-        ),
+        *_md_table(SLOW_HEADERS, rows),
     ]
     for s in report.slowdowns:
         if s.why:
