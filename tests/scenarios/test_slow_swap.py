@@ -1,6 +1,6 @@
 """A slow node under a job that asked to be moved off a straggler, on the requeue path, for
-real on Slurm 25.11: the shipped ``slow-node`` scenario (node2's training process held to a
-tenth of a CPU at step 30) run with ``RECOVER_STALL_BUDGETS='{"straggler": {"swap": true}}'``
+real on Slurm 25.11: the shipped ``slow-node`` scenario (node2's training process held, here,
+to 3 % of a CPU at step 30) run with ``RECOVER_STALL_BUDGETS='{"straggler": {"swap": true}}'``
 and no spare in the job. node2's agent finds that the steps left would lose more than a move
 costs and reports ``node-slow-swap``; the coordinator drains node2, the job saves and is
 requeued onto the pool's spare, and completes with the control's digest. The report counts
@@ -30,6 +30,12 @@ def _scenario(directory: Path) -> Path:
     assert found.path is not None
     doc = yaml.safe_load(found.path.read_text())
     doc["description"] = "slow-node, its job asking to be moved off a straggler"
+    # Held to 3 % of a CPU, not the shipped 10 %: under CI's load (four workers' clusters on
+    # 2 cores) every training process has about a tenth of a CPU, so a 10 % quota hardly
+    # binds and the node may be found slow too late for a move to pay (seen: found at step
+    # ~120 of 160, verdict observe). 3 % binds under that load as well.
+    (fault,) = doc["faults"]
+    fault["cpu_percent"] = 3
     doc["expect"] = {
         "incidents": 1,
         "verdicts": ["drain-reset"],
