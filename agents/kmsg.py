@@ -32,7 +32,7 @@ from agents.logform import (
     json_entry,
     read_line,
 )
-from agents.nvmsg import FELL_OFF_FAULT, DriverFault, FellOffJoiner, match_message, reset_required
+from agents.nvmsg import FELL_OFF_FAULT, DriverFault, FellOffJoiner, match_message, match_status
 from recovery.model import DriverAction, HealthEvent, Source
 
 _FIELD = re.compile(r"^\s*(?P<key>_{0,2}[A-Z][A-Z0-9_]{0,63})=(?P<value>.*)$", re.S)
@@ -59,7 +59,8 @@ class KernelFault(NamedTuple):
     when the kernel did not know them; ``seq`` (the /dev/kmsg record) and ``kernel_ts``
     (seconds since boot) come from the presentation when it has them; ``message`` is the
     kernel's whole message (its lines joined by newlines), ``line`` the text it was read
-    from, ``form`` the presentation (:attr:`agents.logform.Record.form`).
+    from, ``form`` the presentation (:attr:`agents.logform.Record.form`), ``rule`` the rule
+    that matched it (:data:`agents.nvmsg.RULES`).
     """
 
     fault: str
@@ -74,11 +75,19 @@ class KernelFault(NamedTuple):
     message: str = ""
     form: str = "plain"
     driver_action: DriverAction | None = None
+    rule: str = ""
 
 
 #: Text without which a line can report nothing (checked before any parsing: most kernel
 #: lines are not the NVIDIA driver's, and a flood must cost little per line).
-_KEYWORDS = ("NVRM", "nvidia-nvswitch", "fallen off the bus", "NV_ERR_RESET_REQUIRED")
+_KEYWORDS = (
+    "NVRM",
+    "nvidia-nvswitch",
+    "fallen off the bus",
+    "NV_ERR_RESET_REQUIRED",
+    "NV_ERR_GPU_IS_LOST",
+    "GPU lost from the bus",
+)
 
 
 @dataclass(slots=True)
@@ -172,8 +181,8 @@ class KernelLogParser:
         out: list[KernelFault] = []
         for text in lines:
             found = match_message(text) if anchored(text) else None
-            if found is None and driver_block and "NV_ERR_RESET_REQUIRED" in text:
-                found = reset_required(text)  # an assertion printed over two lines
+            if found is None and driver_block and not anchored(text):
+                found = match_status(text)  # an assertion printed over two lines
             if found is not None:
                 out.append(_fault(found, record, raw))
             joined = self._joiner.feed(text)
@@ -205,6 +214,7 @@ def _fault(found: DriverFault, record: Record, raw: str) -> KernelFault:
         message=found.message,
         form=record.form,
         driver_action=found.driver_action,
+        rule=found.rule,
     )
 
 
@@ -249,8 +259,8 @@ def to_event(
         label = f"XID {fault.xid}"
     elif fault.fault.startswith("sxid"):
         label = f"SXid {fault.fault[4:]}"
-    elif fault.fault == FELL_OFF_FAULT:
-        label = "no XID number"
+    elif fault.fault.startswith("xid"):
+        label = "no XID number"  # a numberless wording given its XID's code (FELL_OFF_FAULT)
     else:
         label = fault.fault
     who = ""

@@ -2,8 +2,10 @@
 
 Any presentation, even mixed in one file (:mod:`agents.logform`): dmesg in any of its forms,
 syslog or journalctl text, /dev/kmsg records, ``journalctl -o json``/``json-seq``/``json-pretty``
-and ``-o export`` (binary fields included). Lines that mention the driver but give no fault
-are listed too, so a reader sees at once what the agent would *not* act on.
+and ``-o export`` (binary fields included). Each event says which rule matched its line and
+the fields read from it (:data:`agents.nvmsg.RULES`); lines that mention the driver but give
+no fault are listed too, each with the reason, so a reader sees at once what the agent would
+*not* act on and why.
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ from pydantic import ValidationError
 from agents.dedup import Deduplicator
 from agents.kmsg import KernelFault, KernelLogParser, to_event
 from agents.logform import (
+    anchored,
+    from_entry,
     iter_export_entries,
     iter_json_entries,
     json_entry,
     looks_like_export,
+    read_line,
 )
+from agents.nvmsg import RULES, why_no_fault
 from recovery.errors import UsageError
 from recovery.model import HealthEvent
 from recovery.ports.clock import Stamp
@@ -49,11 +55,13 @@ class _LineClock:
 
 @dataclass(frozen=True)
 class Found:
-    """One event, the number of the line (or journal entry) that completed it, its form."""
+    """One event, the number of the line (or journal entry) that completed it, its form, and
+    why it was reported (the rule that matched and the fields read; "" for a summary)."""
 
     number: int
     event: HealthEvent
     form: str
+    why: str = ""
 
 
 def _units(data: bytes) -> tuple[str, Iterator[tuple[int, str | Mapping[str, Any]]]]:
@@ -92,18 +100,23 @@ def parse_file(
     dedup = Deduplicator(clock, window_s) if window_s > 0 else None
     parser = KernelLogParser()
     found: list[Found] = []
-    silent: list[tuple[int, str]] = []
+    silent: list[tuple[int, str, str]] = []
     what, units = _units(data)
     count = 0
+    rules: dict[tuple[str, str | None], str] = {}  # (fault, bus) -> why, for summaries
 
     def take(number: int, faults: list[KernelFault]) -> None:
         for fault in faults:
             event = _event(fault, node, boot_id, observed_at, buses)
+            why = rules[(fault.fault, fault.bus_id)] = _why(fault)
             if dedup is None:
-                found.append(Found(number, event, fault.form))
+                found.append(Found(number, event, fault.form, why))
                 continue
             clock.mono = max(clock.mono, fault.kernel_ts or clock.mono)
-            found.extend(Found(number, e, fault.form) for e in dedup.offer(event))
+            found.extend(
+                Found(number, e, fault.form, rules.get((e.fault, e.bus_id), ""))
+                for e in dedup.offer(event)
+            )
 
     for number, unit in units:
         count = number
@@ -114,14 +127,46 @@ def parse_file(
             faults = parser.feed_entry(unit, "journal-export")
             shown = _shown_entry(unit)
         if not faults and shown and _MENTIONS.search(shown):
-            silent.append((number, shown))
+            silent.append((number, shown, _why_silent(unit)))
         take(number, faults)
     take(count, parser.flush())
     if dedup is not None:
-        found += [Found(count, e, "-") for e in dedup.drain()]
+        found += [Found(count, e, "-", rules.get((e.fault, e.bus_id), "")) for e in dedup.drain()]
     if as_json:
         return json.dumps([f.event.model_dump(mode="json") for f in found], indent=2)
     return _render(path, count, what, found, silent)
+
+
+def _why(fault: KernelFault) -> str:
+    """The rule that matched a fault and the fields read from its line, in one phrase."""
+    fields = [f"bus={fault.bus_id or '-'}"]
+    if fault.xid is not None:
+        fields.append(f"xid={fault.xid}")
+    if fault.pid is not None:
+        fields.append(f"pid={fault.pid}")
+    if fault.process:
+        fields.append(f"process={fault.process}")
+    if fault.driver_action is not None:
+        fields.append(f"driver_action={fault.driver_action.value}")
+    about = RULES.get(fault.rule, "")
+    return f"rule {fault.rule or '?'} ({about}): {' '.join(fields)}"
+
+
+def _why_silent(unit: str | Mapping[str, Any]) -> str:
+    """Why a line (or journal entry) that mentions the driver gives no fault."""
+    if isinstance(unit, str):
+        entry = json_entry(unit)
+        record = read_line(unit) if entry is None else from_entry(entry, "journal-json")
+    else:
+        record = from_entry(unit, "journal-export")
+    if record is None:
+        return "a journal entry of another transport or program, not the kernel's"
+    if not record.kernel:
+        return "not a kernel line: another program's text that quotes the driver"
+    text = next((ln.strip() for ln in record.text.split("\n") if anchored(ln.strip())), None)
+    if text is None:
+        return "a kernel line, but not the driver's own message (it quotes or resembles one)"
+    return why_no_fault(text)
 
 
 def _shown(line: str) -> str:
@@ -156,7 +201,7 @@ def _event(
 
 
 def _render(
-    path: Path, count: int, what: str, found: list[Found], silent: list[tuple[int, str]]
+    path: Path, count: int, what: str, found: list[Found], silent: list[tuple[int, str, str]]
 ) -> str:
     out = []
     for f in found:
@@ -164,14 +209,15 @@ def _render(
         gpu = f"gpu {e.accelerator}" if e.accelerator is not None else "gpu ?"
         folded = f" x{e.count}" if e.count > 1 else ""
         action = f" (driver: {e.driver_action})" if e.driver_action else ""
+        why = f"  <- {f.why}" if f.why else ""
         out.append(
             f"line {f.number}: {e.fault}{folded} {gpu} {e.bus_id or '-'}{action}: {e.message}"
-            f"  [{f.form}]"
+            f"{why}  [{f.form}]"
         )
     if silent:
         out.append(f"{len(silent)} line(s) mention the driver but report no fault:")
-    for number, line in silent[:SHOW_SILENT]:
-        out.append(f"  line {number}: {line.strip()[:160]}")
+    for number, line, reason in silent[:SHOW_SILENT]:
+        out.append(f"  line {number}: {line.strip()[:160]}  <- no fault: {reason}")
     if len(silent) > SHOW_SILENT:
         out.append(f"  ... and {len(silent) - SHOW_SILENT} more")
     faults = sorted({f.event.fault for f in found})

@@ -18,7 +18,16 @@ known prefixes are peeled off, outermost first, until the message is left:
   (``TIMESTAMP stdout F``);
 * ``journalctl -o json`` / ``json-seq`` objects and ``-o export`` / ``-o verbose`` fields
   (``MESSAGE=``), read as journal entries: only the kernel transport counts, and a MESSAGE
-  that is not valid UTF-8 comes as an array of bytes.
+  that is not valid UTF-8 comes as an array of bytes;
+* any other prefix (layer ``prefix``), when the driver's message starts after it at a word's
+  start and every word before it reads as a stamp or a label: a word with a digit (a time
+  stamp in a form no layer names, ``2026/12/01``, a host like ``gpu-n3``, a task number), a
+  bracketed or angled field, punctuation (``|``, ``-``), a month, a weekday, a time zone, a
+  log level or facility (``kern.warn``), ``kernel:``. The first word of a line may also be a
+  host label with a digit (``gpu-n3:``, as pdsh and clush print), and a host name may come
+  right before ``kernel:``. A quote, a parenthesis, a word of prose or a program's tag
+  (``myapp:``, ``python3[4242]:``) before the message says it is quoted, and the line gives
+  nothing.
 
 A line whose presentation proves it came from the kernel (a kmsg record, a dmesg stamp, the
 ``kernel:`` tag, the journal's kernel transport) or whose message starts with a driver's own
@@ -34,6 +43,7 @@ import json
 import re
 import struct
 from collections.abc import Iterator, Mapping
+from itertools import islice
 from typing import Any, NamedTuple
 
 #: Where a driver's own message starts: what a kernel message we care about begins with.
@@ -92,6 +102,25 @@ _LAYERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
 )
 _MAX_LAYERS = 8
+#: One word of a prefix no layer names: a bracketed or angled field, or a run of non-spaces.
+_WORD = re.compile(r"\[[^\[\]]*\]\s*|<[^<>]*>\s*|\S+\s*")
+#: How many words an unnamed prefix may have before the driver's message.
+_MAX_PREFIX_WORDS = 16
+#: A program's syslog tag (``myapp:``, ``python3[4242]:``): a quoting program's line.
+_PROGRAM_TAG = re.compile(r"^[A-Za-z_][\w.\-/]*(?:\[[0-9]+\])?:$")
+_HOST = re.compile(r"^[A-Za-z0-9][\w.\-]*$")
+_QUOTING = re.compile(r"[\"'`(){}]")
+_DIGIT = re.compile(r"[0-9]")
+_ALNUM = re.compile(r"[^\W_]")
+#: Words of time stamps and log levels that may stand in a prefix.
+_STAMP_WORDS = frozenset(
+    {
+        *("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"),
+        *("mon", "tue", "wed", "thu", "fri", "sat", "sun", "am", "pm"),
+        *("kern", "user", "daemon", "syslog", "kernel", "stdout", "stderr"),
+        *("emerg", "alert", "crit", "err", "error", "warn", "warning", "notice", "info", "debug"),
+    }
+)
 _DIGITS = frozenset("0123456789")
 _FIRST: dict[str, frozenset[str] | None] = {
     "container": _DIGITS,
@@ -158,11 +187,12 @@ def read_line(line: str) -> Record:
     if m:
         text = unescape_kmsg(m["msg"])
         return Record(text, True, "kmsg", int(m["seq"]), int(m["ts"]) / 1e6, raw=line)
-    text, names, kernel, ts = line, [], False, None
+    names: list[str] = []
+    text, kernel, ts = line, False, None
     for _ in range(_MAX_LAYERS):
         if text.startswith(ANCHORS):
             break
-        peeled = _peel(text)
+        peeled = _peel(text) or _peel_unnamed(text, first=not names)
         if peeled is None:
             break
         name, text, stamp, proof = peeled
@@ -198,6 +228,45 @@ def _peel(text: str) -> tuple[str, str, float | None, bool] | None:
             return name, rest, None, True
         return name, rest, None, name in _PROOF
     return None
+
+
+def _peel_unnamed(text: str, first: bool) -> tuple[str, str, float | None, bool] | None:
+    """``("prefix", the rest, None, False)`` when the driver's message starts later in
+    ``text``, after words that all read as stamps or labels (module docstring), or None. The
+    rest starts at the first named layer or the message itself, so a named layer inside the
+    prefix (``[ 12.3]``) still gives its time stamp. ``first``: ``text`` starts the line."""
+    at = min((i for i in (text.find(a) for a in ANCHORS) if i > 0), default=-1)
+    if at < 0 or not (text[at - 1].isspace() or text[at - 1] in "]>|"):
+        return None  # no message, or one that does not start a word
+    prefix = text[:at]
+    if _QUOTING.search(prefix):
+        return None  # quoted or parenthesised text: the message is being cited
+    words = [w.group().strip() for w in islice(_WORD.finditer(prefix), _MAX_PREFIX_WORDS + 1)]
+    if not words or len(words) > _MAX_PREFIX_WORDS:
+        return None
+    for i, word in enumerate(words):
+        after = words[i + 1] if i + 1 < len(words) else ""
+        if not _stamp_word(word, first and i == 0, after):
+            return None
+    for m in islice(_WORD.finditer(prefix), 1, None):
+        if _peel(text[m.start() :]) is not None:
+            return "prefix", text[m.start() :], None, False
+    return "prefix", text[at:], None, False
+
+
+def _stamp_word(word: str, first: bool, after: str) -> bool:
+    """True when one word before a driver's message reads as part of a stamp or a label."""
+    if word[:1] in "[<" or word in ("kernel", "kernel:"):
+        return True
+    if _PROGRAM_TAG.match(word):
+        return first and "[" not in word and _DIGIT.search(word) is not None  # pdsh: host
+    if _DIGIT.search(word) or not _ALNUM.search(word):
+        return True  # a stamp, a number, a host with a digit; punctuation
+    if all(part in _STAMP_WORDS for part in word.lower().rstrip(",;").split(".")):
+        return True
+    if word.isupper() and word.isalpha() and 2 <= len(word) <= 5:
+        return True  # a time zone (UTC, CEST)
+    return after in ("kernel", "kernel:") and bool(_HOST.match(word))  # the host before it
 
 
 def from_entry(entry: Mapping[str, Any], form: str) -> Record | None:

@@ -23,6 +23,7 @@ FIELDS = {
     "kernel_ts": "kernel_ts",
     "driver_action": "driver_action",
     "form": "form",
+    "rule": "rule",
 }
 
 
