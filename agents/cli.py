@@ -120,6 +120,7 @@ def agent_config(
         kmsg_file=kmsg_file,
         kmsg_interval_s=kmsg_interval_s,
         buses=buses,
+        simulated_gpus=simulated_gpus,
         dedup_window_s=dedup_window_s,
         heartbeat_s=heartbeat_s,
         kmsg_from=kmsg_from,

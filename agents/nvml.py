@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.accel import AcceleratorSummary
 from agents.busid import nvml_bus_id
 from agents.ids import event_id
 from agents.nvmsg import RECOVERY_ACTIONS
@@ -73,6 +74,11 @@ class _Device:
     ecc: int = 0
     ecc_supported: bool = True
     remap_failed: bool = False
+    remap_pending: bool = False
+    """A row remap waits for a GPU reset to take effect."""
+    retirement_pending: bool = False
+    """A page retirement waits for a driver reload (GPUs before row remapping)."""
+    retirement_supported: bool = True
     remap_supported: bool = True
     action: int = 0
     action_supported: bool = True
@@ -97,6 +103,9 @@ class NvmlSource:
     poll_interval_s: float = 10.0
     wait_ms: int = 1000
     agent_version: str = ""
+    summary: AcceleratorSummary | None = None
+    """Told the device count and, when asked, which devices are lost or need a reset (the
+    heartbeat's ``accelerators``)."""
     devices: list[_Device] = field(default_factory=list, init=False)
     _events: Any = field(default=None, init=False, repr=False)
     _xid_seen: int = field(default=0, init=False, repr=False)
@@ -144,6 +153,8 @@ class NvmlSource:
             except self.nvml.NVMLError as e:
                 found += self._lost_or_log(dev, e, "opening")
         self._register(found)
+        if self.summary is not None:
+            self.summary.devices_from("nvml", count, self.flags)
         self.log(f"nvml: watching {count} device(s); XID events {self._xid_state()}")
         return found
 
@@ -180,6 +191,7 @@ class NvmlSource:
                     dev.handle = self.nvml.nvmlDeviceGetHandleByIndex(dev.index)
                 out += self._check_ecc(dev)
                 out += self._check_remap(dev)
+                self._check_retirement(dev)
                 out += self._check_action(dev)
                 out += self._check_clocks(dev)
             except self.nvml.NVMLError as e:
@@ -215,16 +227,41 @@ class NvmlSource:
         text = f"uncorrected ECC errors rose from {before} to {total} (volatile count)"
         return [self._event(dev, "ecc-uncorrected", text, key=("ecc", total))]
 
+    def flags(self) -> dict[str, list[int]]:
+        """Indices of the devices lost, with a failed row remap, or with a row remap or page
+        retirement that waits for a reset (as last polled)."""
+        return {
+            "lost": [d.index for d in self.devices if d.lost],
+            "remap_failed": [d.index for d in self.devices if d.remap_failed],
+            "retirement_pending": [
+                d.index for d in self.devices if d.remap_pending or d.retirement_pending
+            ],
+        }
+
+    def _check_retirement(self, dev: _Device) -> None:
+        # Pre-Ampere GPUs retire pages instead of remapping rows; the retirement is pending
+        # until the driver reloads. Ampere and later answer NOT_SUPPORTED.
+        getter = getattr(self.nvml, "nvmlDeviceGetRetiredPagesPendingStatus", None)
+        if not dev.retirement_supported or getter is None:
+            return
+        try:
+            dev.retirement_pending = bool(getter(dev.handle))
+        except self.nvml.NVMLError as e:
+            if e.value != NOT_SUPPORTED:
+                raise
+            dev.retirement_supported = False
+
     def _check_remap(self, dev: _Device) -> list[HealthEvent]:
         if not dev.remap_supported or dev.remap_failed:
             return []
         try:
-            _corr, _unc, _pending, failure = self.nvml.nvmlDeviceGetRemappedRows(dev.handle)
+            _corr, _unc, pending, failure = self.nvml.nvmlDeviceGetRemappedRows(dev.handle)
         except self.nvml.NVMLError as e:
             if e.value != NOT_SUPPORTED:
                 raise
             dev.remap_supported = False
             return []
+        dev.remap_pending = bool(pending)
         if not failure:
             return []
         dev.remap_failed = True

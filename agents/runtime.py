@@ -42,6 +42,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from agents.accel import AcceleratorSummary
 from agents.commands import CommandLoop
 from agents.dedup import DEFAULT_WINDOW_S, Deduplicator
 from agents.follow import DEV_KMSG, KmsgFollower
@@ -106,6 +107,9 @@ class AgentConfig:
     (``$RECOVER_PROGRESS_REGISTRY``, else ``/run/recover/progress``)."""
     progress_interval_s: float = 1.0
     """How often the ``progress`` source looks at the jobs' records."""
+    simulated_gpus: int = 0
+    """GPUs a local (simulated) node says it has in its heartbeats' ``accelerators`` (NVML's
+    count replaces it where NVML runs)."""
 
     def __post_init__(self) -> None:
         if self.kmsg_from not in KMSG_FROM:
@@ -164,6 +168,10 @@ class Agent:
         )
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
+        simulated = config.simulated_gpus
+        self.accelerators = (
+            AcceleratorSummary("simulated", simulated) if simulated else AcceleratorSummary()
+        )
 
     def emit(self, event: HealthEvent) -> None:
         """Hand ``event`` to the pipeline (thread-safe; what sources call)."""
@@ -227,6 +235,7 @@ class Agent:
 
     def _settle(self, item: _Item) -> None:
         event, done, marked = item
+        self.accelerators.saw(event)
         spooled = self._spool(self.dedup.offer(event))
         if marked is not None:
             marks, mark = marked
@@ -362,8 +371,9 @@ class Agent:
             return
         cfg = self.config
         NvmlSource(
-            cfg.node, self.boot_id, self.clock, module, log=self.log, agent_version=cfg.version
-        ).run(self.emit, stop)
+            cfg.node, self.boot_id, self.clock, module, log=self.log, agent_version=cfg.version,
+            summary=self.accelerators,
+        ).run(self.emit, stop)  # fmt: skip
 
     def _run_tpu(self, stop: threading.Event) -> None:
         from agents.tpu import TpuSource
@@ -379,14 +389,15 @@ class Agent:
         markers = cfg.tpu_workload_dir
         TpuSource(
             cfg.node, self.boot_id, self.clock, runtime, lambda: any_registered(markers),
-            log=self.log, agent_version=cfg.version,
+            log=self.log, agent_version=cfg.version, summary=self.accelerators,
         ).run(self.emit, stop)  # fmt: skip
 
     def _heartbeats(self, stop: threading.Event) -> None:
         said = False
         while not stop.is_set():
             try:
-                answer = self.link.heartbeat(self.config.version, {"spooled": len(self.spool)})
+                said_now = {"spooled": len(self.spool), "accelerators": self.accelerators.to_json()}
+                answer = self.link.heartbeat(self.config.version, said_now)
                 said = False
                 if self._progress is not None and isinstance(answer.get("progress"), dict):
                     self._progress.use_site_budgets(answer["progress"])

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agents.accel import AcceleratorSummary
 from agents.ids import event_id
 from recovery.model import HealthEvent, Source
 from recovery.ports.clock import Clock
@@ -69,6 +70,8 @@ class TpuSource:
     log: Log = print
     interval_s: float = 5.0
     agent_version: str = ""
+    summary: AcceleratorSummary | None = None
+    """Told the chips the runtime answers for (the heartbeat's ``accelerators``)."""
     _up_since: float | None = field(default=None, init=False, repr=False)
     _reported: set[tuple[int, int, str]] = field(default_factory=set, init=False, repr=False)
     _said_absent: bool = field(default=False, init=False, repr=False)
@@ -93,6 +96,10 @@ class TpuSource:
                 self._last_failure = str(e)
             return []
         self._last_failure = ""
+        if self.summary is not None:
+            # The chips the runtime answers for (its errors are faults of their own, counted
+            # where the agent sees every fault).
+            self.summary.devices_from("tpu", len({c.chip for c in cores}), None)
         if self._up_since is None:
             self._up_since = self.clock.now().mono
             self._said_absent = False

@@ -74,6 +74,11 @@ class CountingCoordinator:
     def breaker_reset(self) -> dict[str, Any]:
         return {}
 
+    def check_node(
+        self, node: str, *, burn_in: bool | None = None, force: str | None = None
+    ) -> dict[str, Any]:
+        return {}
+
 
 def run_server(db: Path, port: int, nodes: int) -> None:
     from recovery.ports.clock import SystemClock

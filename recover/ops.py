@@ -1,16 +1,23 @@
 """Operator verbs that talk to a running coordinator: ``recover status``, ``recover incidents``,
-``recover node repaired``, ``recover breaker status|reset``. Thin: parse, call, print."""
+``recover node repaired|check``, ``recover breaker status|reset``. Thin: parse, call, print."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from recover.options import AsJson
-from recover.render import render_breaker, render_incident, render_incidents, render_status
+from recover.render import (
+    render_breaker,
+    render_check,
+    render_incident,
+    render_incidents,
+    render_status,
+)
 
 Url = Annotated[
     str | None,
@@ -86,9 +93,54 @@ def repaired(
     state_dir: StateDir = None,
     as_json: AsJson = False,
 ) -> None:
-    """A node we took out is repaired: return it to the spare pool (refused while flapping)."""
-    doc = _client(url, token_file, state_dir).post(f"/v1/nodes/{node}/repaired")
+    """A node we took out is repaired: return it to the spare pool (refused while flapping,
+    and, where the policy requires validation, until it passes its check)."""
+    client = replace(_client(url, token_file, state_dir), timeout_s=CHECK_TIMEOUT_S)
+    doc = client.post(f"/v1/nodes/{node}/repaired")
     _print(doc, as_json, lambda d: f"{d['node']}: {d['result']}")
+
+
+#: How long a command that may run a node's burn-in waits for the coordinator (the burn-in's
+#: own budget is the policy's ``validation.burn_in_budget_s``).
+CHECK_TIMEOUT_S = 600.0
+
+
+@node_app.command("check")
+def check(
+    node: Annotated[str, typer.Argument(help="The node to check.")],
+    burn_in: Annotated[
+        bool | None,
+        typer.Option(
+            "--burn-in/--no-burn-in",
+            help="Run the burn-in job on a node out of service, or not (the cheap checks "
+            "only) [default: as the policy's validation.burn_in says].",
+            show_default=False,
+        ),
+    ] = None,
+    force: Annotated[
+        str | None,
+        typer.Option(
+            "--force",
+            metavar="REASON",
+            help="Check nothing: record a passing verdict, marked forced, with your reason "
+            "(a node you vouch for may then be promoted or returned to the pool).",
+        ),
+    ] = None,
+    url: Url = None,
+    token_file: TokenFile = None,
+    state_dir: StateDir = None,
+    as_json: AsJson = False,
+) -> None:
+    """Check a node before work lands on it: its agent's heartbeat, its open incidents, its
+    accelerators, and (out of service only) a short burn-in job on it. Exits 1 when it fails.
+    The verdict is journaled: `recover status` shows each spare's last one, and a spare that
+    fails is held out with the failed check as its reason."""
+    client = replace(_client(url, token_file, state_dir), timeout_s=CHECK_TIMEOUT_S)
+    body: dict[str, Any] = {"force": force} if force is not None else {"burn_in": burn_in}
+    doc = client.post(f"/v1/nodes/{node}/check", body)
+    _print(doc, as_json, render_check)
+    if not doc.get("passed"):
+        raise typer.Exit(1)
 
 
 @breaker_app.command("status")

@@ -48,10 +48,39 @@ def render_status(doc: dict[str, Any]) -> str:
     parts = [nodes, "", render_incidents(doc["incidents"])]
     parts.append("")
     parts.append(f"spares ready: {', '.join(doc['spares']) or 'none'}")
+    if doc.get("checks"):
+        parts += ["", render_checks(doc["checks"])]
     parts.append(render_breaker(doc["breaker"]).splitlines()[0])
     if doc.get("dry_run"):
         parts.append("DRY RUN: decisions are recorded, no action is applied")
     return "\n".join(parts)
+
+
+def render_checks(rows: Sequence[dict[str, Any]]) -> str:
+    """Each spare's (and each checked node's) last check: verdict, age, time, what failed."""
+    return table(
+        ("NODE", "LAST CHECK", "AGE", "TOOK", "WHAT FAILED"),
+        [
+            (
+                r["node"] + (" (spare)" if r.get("spare") else ""),
+                r["verdict"] or "never checked",
+                "-" if r["age_s"] is None else f"{r['age_s']:.0f} s ago",
+                "-" if r["took_s"] is None else f"{r['took_s']:.1f} s",
+                r.get("detail") or "-",
+            )
+            for r in rows
+        ],
+    )
+
+
+def render_check(doc: dict[str, Any]) -> str:
+    """``recover node check``: the verdict, then each check's result."""
+    lines = [f"{doc['node']}: {doc['verdict']} ({doc['took_s']:.1f} s)"]
+    marks = {True: "ok", False: "FAILED", None: "skipped"}
+    for r in doc["results"]:
+        took = f" ({r['took_s']:.1f} s)" if r.get("took_s") else ""
+        lines.append(f"  {r['name']:<13} {marks[r['ok']]:<8} {r['detail']}{took}")
+    return "\n".join(lines)
 
 
 def _held_by(row: dict[str, Any]) -> str:

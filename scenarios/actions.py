@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,9 @@ from scenarios.schema import FAULT_NODE, JOB_NODE, Entry
 from scenarios.watch import Watcher
 from service.daemons import agents as agents_proc
 from service.httpapi.client import inject
+
+#: How long an operator's node check may take (its burn-in's budget is the policy's).
+CHECK_TIMEOUT_S = 600.0
 
 Say = Callable[[str], None]
 
@@ -104,6 +107,8 @@ def carry_out(
         return _crash_slurmd(rig, _targets(entry, watch, fault_node)[0], say)
     if entry.fault == "node-hang":
         return _hang_node(rig, _targets(entry, watch, fault_node)[0], say)
+    if entry.fault == "agent-kill":
+        return _kill_agent(rig, _targets(entry, watch, fault_node)[0], say)
     if entry.fault in ("main-thread-hang", "process-freeze"):
         return _hang_training(entry, rig, watch, _targets(entry, watch, fault_node)[0], say)
     if entry.fault == "cpu-throttle":
@@ -247,6 +252,24 @@ def _hang_node(rig: Rig, node: str, say: Say) -> Done:
         faults=[{"fault": "node-hang", "node": node, "via": "sigstop", "at": at}],
         node=node,
         notes=[f"node-hang: {len(frozen)} process(es) of {node} stopped"],
+    )
+
+
+def _kill_agent(rig: Rig, node: str, say: Say) -> Done:
+    """A node whose agent died (killed by the OOM killer, a crash, an upgrade gone wrong):
+    the node itself goes on, idle or serving, and nothing reports it; its next fault would go
+    unseen. Only the coordinator's silence rule and a node check notice."""
+    local = rig.need_local("agent-kill")
+    pid = agents_proc.running(local.coordinator_dir).get(node)
+    if pid is None:
+        raise UsageError(f"agent-kill: no agent runs for {node}")
+    at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    say(f"{node}'s agent (pid {pid}) killed; the node itself runs on")
+    return Done(
+        faults=[{"fault": "agent-kill", "node": node, "via": "sigkill", "at": at}],
+        node=node,
+        notes=[f"agent-kill: {node}'s agent (pid {pid}) killed"],
     )
 
 
@@ -475,7 +498,9 @@ def _operator(entry: Entry, rig: Rig, fault_node: str | None, say: Say) -> Done:
                     detail=detail)  # fmt: skip
     node = fault_node if entry.where == FAULT_NODE else str(entry.where)
     if node is None:
-        raise UsageError("operator repaired: fault-node, but no fault hit a node before it")
+        raise UsageError(f"{entry.label}: fault-node, but no fault hit a node before it")
+    if entry.operator == "check":
+        return _check_node(rig, node, at, say)
     try:
         doc = rig.client.post(f"/v1/nodes/{node}/repaired")
     except UsageError as e:
@@ -485,3 +510,14 @@ def _operator(entry: Entry, rig: Rig, fault_node: str | None, say: Say) -> Done:
     say(f"operator: {node} repaired -> {doc['result']}")
     return Done(notes=[f"operator repaired {node} at {at:.3f}: {doc['result']}"], node=node,
                 answer="accepted", detail=str(doc["result"]))  # fmt: skip
+
+
+def _check_node(rig: Rig, node: str, at: float, say: Say) -> Done:
+    """``recover node check NODE``: accepted when the node passes."""
+    client = replace(rig.client, timeout_s=CHECK_TIMEOUT_S)
+    doc = client.post(f"/v1/nodes/{node}/check", {})
+    answer = "accepted" if doc.get("passed") else "refused"
+    detail = f"{doc['verdict']} in {doc['took_s']:.1f} s"
+    say(f"operator: {node} checked -> {detail}")
+    return Done(notes=[f"operator check {node} at {at:.3f}: {detail}"], node=node,
+                answer=answer, detail=detail)  # fmt: skip

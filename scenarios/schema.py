@@ -81,6 +81,9 @@ Top level
       hangs: nothing exits, no socket closes, the job's other processes block); Slurm marks
       it DOWN after ``slurmd_timeout_s``; 8 s after it is out of service it is power-cycled
       (its processes killed), until then its training process holds the run lock;
+    - ``agent-kill``: SIGKILL the node's agent (OOM-killed, crashed): the node runs on,
+      idle or serving, and nothing reports its next fault; the coordinator's silence rule
+      and a node check see it;
     - ``checkpoint-corrupt``: flip one byte of the largest data file of the job's newest
       checkpoint; ``checkpoint-truncate``: cut that file to half its size;
     - ``coordinator-kill``: SIGKILL the coordinator and (``restart``, default true) start it
@@ -95,24 +98,25 @@ Top level
       a throttled chip, a noisy neighbour); nothing fails, every step waits for it. The
       group is removed when the run ends.
 
-    ``operator``: ``repaired`` (``recover node repaired NODE``) or ``breaker-reset``
-    (``recover breaker reset``); ``expect: accepted|refused`` says how it must be answered.
+    ``operator``: ``repaired`` (``recover node repaired NODE``), ``breaker-reset``
+    (``recover breaker reset``) or ``check`` (``recover node check NODE``: accepted when it
+    passes); ``expect: accepted|refused`` says how it must be answered.
 
-    ``node`` (where): ``job-node`` (default for faults: the node running the job's batch
-    step, so its training process), ``fault-node`` (the node of the previous fault; default
-    for ``repaired``) or a node's name. ``burst: N``: the same fault on N distinct job nodes
-    at once (job-node first). ``via``: ``agent`` (default: the agent's event pipeline) or
+    ``node`` (where): ``job-node`` (default for faults: the node running the job's batch step,
+    so its training process), ``fault-node`` (the node of the previous fault; default for
+    ``repaired`` and ``check``) or a node's name. ``burst: N``: the same fault on N distinct job
+    nodes at once (job-node first). ``via``: ``agent`` (default: the agent's event pipeline) or
     ``kmsg`` (an ``NVRM: Xid`` line in the node's kernel log, parsed by the agent; XIDs and
     ``gpu-lost`` only); both go through ``POST /v1/inject``, the path of ``recover inject``.
     ``gpu`` (0-7). ``repeat: {count, every_s, across_gpus}``: inject it ``count`` times,
-    ``every_s`` seconds apart, on GPU 0, 1, ... when ``across_gpus`` (else the agent folds
-    the repeats). ``crash_training``: just before the fault, SIGABRT the training process on
-    the faulted node, as the driver kills CUDA work when a GPU falls off the bus: it exits
-    abnormally (134) without saving, while slurmd, the batch shell and the job's other
-    processes are left alone (they stop by themselves when their peer is lost, and the job
-    ends FAILED for the coordinator to requeue); default true for faults the catalogue says
-    kill the work they hit (``kills_work``: ``xid79``, ``gpu-lost``, ``xid94``, ``xid95``,
-    ...), false otherwise (the job saves on its way out). On each node of a ``burst``.
+    ``every_s`` seconds apart, on GPU 0, 1, ... when ``across_gpus`` (else the agent folds the
+    repeats). ``crash_training``: just before the fault, SIGABRT the training process on the
+    faulted node, as the driver kills CUDA work when a GPU falls off the bus: it exits
+    abnormally (134) without saving, while slurmd, the batch shell and the job's other processes
+    are left alone (they stop by themselves when their peer is lost, and the job ends FAILED for
+    the coordinator to requeue); default true for faults the catalogue says kill the work they
+    hit (``kills_work``: ``xid79``, ``gpu-lost``, ``xid94``, ``xid95``, ...), false otherwise
+    (the job saves on its way out). On each node of a ``burst``.
     Only ``slurmd-crash`` and ``node-hang`` stop a whole node.
 
     ``when`` (default ``{after_s: 0}``), exactly one of: ``step: N`` (the job finished step
@@ -172,6 +176,7 @@ from recovery.train.options import LongPhases, flag
 SPECIAL_FAULTS: dict[str, str] = {
     "slurmd-crash": "SIGKILL the node's slurmd and its job processes; no agent event",
     "node-hang": "SIGSTOP the node's slurmd, job processes and agent; power-cycled once out",
+    "agent-kill": "SIGKILL the node's agent; the node runs on, nothing reports it",
     "checkpoint-corrupt": "flip one byte in the newest checkpoint's largest data file",
     "checkpoint-truncate": "cut the newest checkpoint's largest data file to half",
     "coordinator-kill": "SIGKILL the coordinator, then start it again on the same address",
@@ -436,7 +441,7 @@ class Entry(_Strict):
     """One thing the scenario does: a fault (``fault``) or an operator action (``operator``)."""
 
     fault: str | None = None
-    operator: Literal["repaired", "breaker-reset"] | None = None
+    operator: Literal["repaired", "breaker-reset", "check"] | None = None
     node: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")] | None = None
     burst: Annotated[int, Field(ge=2, le=16)] | None = None
     via: Literal["agent", "kmsg"] | None = None
@@ -501,7 +506,7 @@ class Entry(_Strict):
             return None
         if self.operator == "breaker-reset":
             return None
-        return FAULT_NODE if self.operator == "repaired" else JOB_NODE
+        return FAULT_NODE if self.operator in ("repaired", "check") else JOB_NODE
 
     @property
     def where(self) -> str | None:
@@ -517,7 +522,7 @@ class Entry(_Strict):
             return "sigstop"
         if self.fault in ("checkpoint-corrupt", "checkpoint-truncate"):
             return "file"
-        if self.fault == "coordinator-kill":
+        if self.fault in ("coordinator-kill", "agent-kill"):
             return "sigkill"
         if self.operator is not None:
             return "api"

@@ -13,12 +13,13 @@ inside the functions so that importing this module (and ``recover --help``) stay
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recovery.errors import UsageError, unknown_choice
+from recovery.ports.checks import BurnIn
 from recovery.ports.nodes import NodeControl
 from recovery.ports.slurm import SlurmControl
 
@@ -115,6 +116,29 @@ def slurm_control(
     from slurm.cli_slurm import CliSlurm
 
     return CliSlurm(conf, env=env, jwt_file=got.jwt_file)
+
+
+def burn_in_runner(
+    explicit: str | None,
+    env: Mapping[str, str],
+    access: SlurmAccess | None,
+    workdir: Path,
+    log: Callable[[str], None],
+) -> BurnIn | None:
+    """What runs node burn-ins as Slurm jobs (``slurm.burnin.SlurmBurnIn``): always through
+    Slurm's commands (a reservation is asked with ``scontrol``), whichever backend the
+    coordinator uses, for the cluster :func:`slurm_conf` resolves. None (said in ``log``)
+    when no slurm.conf is found: node checks then skip the burn-in."""
+    try:
+        conf = slurm_conf(explicit, None, env)
+    except UsageError as e:
+        log(f"coordinator: node checks run no burn-in: {e}")
+        return None
+    from slurm.burnin import SlurmBurnIn
+    from slurm.cli_slurm import CliSlurm
+
+    got = (access or SlurmAccess()).resolved(env)
+    return SlurmBurnIn(CliSlurm(conf, env=env, jwt_file=got.jwt_file), workdir, log=log)
 
 
 def rest_control(access: SlurmAccess, state: Path | None, env: Mapping[str, str]) -> SlurmControl:

@@ -36,6 +36,14 @@ class CoordinatorApi(Protocol):
         or one we did not take out."""
         ...
 
+    def check_node(
+        self, node: str, *, burn_in: bool | None = None, force: str | None = None
+    ) -> dict[str, Any]:
+        """Check ``node`` now and journal the verdict (blocks for the burn-in, seconds), or
+        record an operator's ``force`` (a passing verdict, marked forced). Raises UsageError
+        for an unknown node (naming the known ones) or one being checked or promoted now."""
+        ...
+
     def breaker(self) -> dict[str, Any]:
         """Breaker state: window, limits, nodes taken out in the window, held actions."""
         ...

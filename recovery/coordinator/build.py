@@ -12,11 +12,12 @@ from recovery.coordinator.jobwatch import JobWatch
 from recovery.coordinator.kube import KubeFollow
 from recovery.coordinator.reconcile import Heartbeats
 from recovery.coordinator.rules import Rules
-from recovery.ports.checks import RepairChecker
+from recovery.coordinator.validation import AgentReports, NodeClaims, Validator
+from recovery.ports.checks import BurnIn, RepairChecker
 from recovery.ports.clock import Clock
 from recovery.ports.journal import Journal
 from recovery.ports.nodes import NodeControl
-from recovery.ports.slurm import SlurmControl
+from recovery.ports.slurm import NodeInfo, SlurmControl
 
 
 def build_engine(
@@ -32,6 +33,8 @@ def build_engine(
     checker: RepairChecker | None = None,
     nodes: NodeControl | None = None,
     observer: Observer | None = None,
+    agents: AgentReports | None = None,
+    burn_in: BurnIn | None = None,
 ) -> Engine:
     """An engine (not started) over ``journal`` and ``slurm`` deciding with ``rules``.
 
@@ -40,9 +43,22 @@ def build_engine(
     tracker (None: no agent is watched, no node becomes a suspect); ``checker``: runs the
     policy's ``repair_check`` (None: no repair checks); ``nodes``: Kubernetes (None: a
     Slurm-only cluster); ``observer``: is told of every event submitted and every batch of
-    decisions committed (what the benchmarks stamp).
+    decisions committed (what the benchmarks stamp); ``agents``: what the agents reported of
+    their nodes (the node checks' facts; None: every check fails its ``agent`` step);
+    ``burn_in``: runs the burn-in jobs (None: checks skip it). The node checks follow the
+    policy's ``validation`` settings.
     """
     settings = settings or EngineSettings()
+    engines: list[Engine] = []  # the validator reads Slurm as the engine last did
+
+    def seen_nodes() -> list[NodeInfo]:
+        seen = engines[0].seen_nodes() if engines else ()
+        return list(seen) if seen else slurm.nodes()  # before the engine's first read
+
+    validator = Validator(
+        journal=journal, clock=clock, agents=agents, burn_in=burn_in,
+        settings=rules.config.validation, claims=NodeClaims(), nodes=seen_nodes, log=log,
+    )  # fmt: skip
     kube = (
         None
         if nodes is None
@@ -56,6 +72,7 @@ def build_engine(
         sleep=sleep,
         log=log,
         kube=kube,
+        validator=validator,
     )
     watch = JobWatch(
         journal=journal,
@@ -64,7 +81,7 @@ def build_engine(
         config=lambda: rules.config.requeue,
         log=log,
     )
-    return Engine(
+    engine = Engine(
         journal=journal,
         slurm=slurm,
         clock=clock,
@@ -77,4 +94,7 @@ def build_engine(
         heartbeats=heartbeats,
         checker=checker,
         observer=observer if observer is not None else Unobserved(),
+        validator=validator,
     )
+    engines.append(engine)
+    return engine

@@ -33,6 +33,7 @@ from recovery.coordinator.reconcile import (
     spares_promised,
 )
 from recovery.coordinator.rules import Rules
+from recovery.coordinator.validation import Validator
 from recovery.coordinator.views import (
     LAYOUT_KEY,
     breaker_view,
@@ -50,10 +51,11 @@ from recovery.model import (
     TakeDown,
 )
 from recovery.model.events import HELD, REPAIRED, RETURNED
+from recovery.pool.validate import fresh_pass
 from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import ActionStatus, JobPath, Journal, Phase, PhaseName, StoredEvent
-from recovery.ports.slurm import SlurmControl
+from recovery.ports.slurm import NodeInfo, SlurmControl
 
 T = TypeVar("T")
 #: Journal meta key: the wall times of every breaker reset, oldest first (JSON list).
@@ -136,8 +138,10 @@ class Engine:
         heartbeats: Heartbeats | None,
         checker: RepairChecker | None,
         observer: Observer,
+        validator: Validator,
     ) -> None:
         self._journal = journal
+        self._validator = validator
         self._slurm = slurm
         self._clock = clock
         self._rules = rules
@@ -162,10 +166,12 @@ class Engine:
             log=log,
             wake=self._wake_up,
             repaired=self._repaired,
+            validator=validator,
         )
         self._commands: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._checks: threading.Thread | None = None
         self._seen = Snapshot()
         """Slurm (and Kubernetes) as last read: replaced whole, read by the server's threads."""
         self._layout: str | None = None
@@ -174,6 +180,15 @@ class Engine:
     def executor(self) -> Executor:
         """The executor this engine drives (tests and tools run it by hand)."""
         return self._executor
+
+    @property
+    def validator(self) -> Validator:
+        """Checks nodes before work lands on them (its thread runs beside the worker's)."""
+        return self._validator
+
+    def seen_nodes(self) -> tuple[NodeInfo, ...]:
+        """The Slurm nodes as the worker last read them."""
+        return self._seen.nodes
 
     @property
     def watch(self) -> JobWatch:
@@ -191,16 +206,24 @@ class Engine:
     # --- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Recover from the journal, then run the worker thread until :meth:`stop`."""
+        """Recover from the journal, then run the worker thread until :meth:`stop`; the
+        validator's thread beside it."""
         self._thread = threading.Thread(target=self._run, name="recover-engine", daemon=True)
         self._thread.start()
+        self._checks = threading.Thread(
+            target=self._validator.run, args=(self._stop,), name="recover-checks", daemon=True
+        )
+        self._checks.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Ask the worker to stop after its current step and wait for it."""
+        """Ask the worker to stop after its current step and wait for it (a burn-in under
+        way is left to finish: the next start puts its node back if it did not)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self._checks is not None:
+            self._checks.join(timeout_s)
 
     def _run(self) -> None:
         recovered = False
@@ -271,7 +294,7 @@ class Engine:
 
     def status(self) -> dict[str, Any]:
         seen, suspects = self._seen, self._reconciler.suspects
-        return status_view(
+        view = status_view(
             seen.nodes,
             self._journal.incidents(open_only=True),
             self.breaker(),
@@ -280,6 +303,22 @@ class Engine:
             dry_run=self._settings.executor.dry_run,
             kube=seen.kube,
         )
+        rows = self._validator.rows(seen.nodes)
+        view["checks"] = [r for r in rows if r["spare"] or r["verdict"] is not None]
+        return view
+
+    def check_node(
+        self, node: str, *, burn_in: bool | None = None, force: str | None = None
+    ) -> dict[str, Any]:
+        """Check ``node`` now (on the caller's thread: a burn-in takes seconds), or record an
+        operator's ``force``; the verdict, journaled. UsageError for an unknown node or one
+        being checked or promoted now."""
+        if force is not None:
+            check = self._validator.force(node, force)
+        else:
+            check = self._validator.check(node, burn_in=burn_in)
+        self._wake.set()  # the reconcile applies the verdict (holds a failed spare) at once
+        return check.to_json()
 
     def node_names(self) -> set[str]:
         """The Slurm nodes as last seen (what Kubernetes events may name)."""
@@ -290,6 +329,24 @@ class Engine:
         return breaker_view(status, self._journal.held_actions())
 
     def repaired(self, node: str) -> dict[str, Any]:
+        v = self._validator
+        known = node in {n.name for n in self._seen.nodes}
+        if known:  # the faults seen before now are the ones repaired
+            v.note_repaired(node, self._clock.now().wall)
+        if v.settings.required and known:
+            # Checked first, on this (the caller's) thread: only a node that passes goes back.
+            last = v.last(node)
+            if last is None or not fresh_pass(last, self._clock.now().wall, v.settings.max_age_s):
+                # The incidents of the fault this repair answers do not count against it.
+                mine = [i.id for i in self._journal.incidents(open_only=True) if i.node == node]
+                last = v.check(node, excuse=mine)
+            bad = last.failed
+            if not last.passed:
+                words = f"{bad.name}: {bad.detail}" if bad is not None else last.verdict
+                raise UsageError(
+                    f"{node} failed its check ({words}); it stays out. Fix it and try again, "
+                    f"or vouch for it: recover node check {node} --force REASON"
+                )
         return self._command(lambda: self._repaired(node))
 
     def breaker_reset(self) -> dict[str, Any]:

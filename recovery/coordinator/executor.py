@@ -30,6 +30,7 @@ from typing import Any
 
 from recovery.contract.jobmark import left_to_supervisor
 from recovery.coordinator.kube import KubeFollow
+from recovery.coordinator.validation import Validator
 from recovery.errors import RecoverError, TransientError
 from recovery.model import (
     Action,
@@ -112,8 +113,12 @@ class Executor:
         sleep: Callable[[float], None] | None = None,
         log: Callable[[str], None] = lambda _msg: None,
         kube: KubeFollow | None = None,
+        validator: Validator | None = None,
     ) -> None:
+        """``validator``: asked before a spare is promoted (policy ``validation``); None: no
+        node is checked."""
         self._journal = journal
+        self._validator = validator
         self._kube = kube
         """Kubernetes, when configured: take-outs through the slurm-operator (Slinky), and a
         repaired node's marks cleared as it returns to the pool."""
@@ -370,13 +375,30 @@ class Executor:
                 return ActionStatus.waiting, "no ready spare in the pool; waiting for one"
             gone = "no spare was chosen" if chosen is None else f"{chosen} is not a ready spare"
             return ActionStatus.waiting, f"{gone}; waiting for the policy to choose again"
+        if self._validator is not None:
+            wait, asked = self._validator.gate(pick.name, rec.incident)
+            if wait is not None:
+                if asked:
+                    self._phase(rec.incident, PhaseName.spare_checking, wait)
+                return ActionStatus.waiting, wait
         pool.remove(pick)
         # Noted before promoting: a restarted coordinator finds this spare and finishes its
         # promotion rather than taking a second one.
         self._journal.update_incident(rec.incident, info={"spare": pick.name})
-        self._slurm.resume(pick.name)
-        self._phase(rec.incident, PhaseName.spare_promoted, pick.name)
-        return ActionStatus.done, f"promoted {pick.name}"
+        return self._resume_spare(rec, pick.name)
+
+    def _resume_spare(self, rec: ActionRecord, name: str) -> tuple[ActionStatus, str]:
+        # Claimed while it is resumed: a burn-in does not start on it under the promotion.
+        holder = self._validator.claims.claim(name, "promotion") if self._validator else None
+        if holder is not None:
+            return ActionStatus.waiting, f"{name} is busy ({holder}); promoting it after"
+        try:
+            self._slurm.resume(name)
+        finally:
+            if self._validator is not None:
+                self._validator.claims.release(name)
+        self._phase(rec.incident, PhaseName.spare_promoted, name)
+        return ActionStatus.done, f"promoted {name}"
 
     def _promote_noted(self, rec: ActionRecord, noted: str) -> tuple[ActionStatus, str]:
         # A spare noted earlier (before a restart, or on a tick that failed): promoted
@@ -391,14 +413,18 @@ class Executor:
             return ActionStatus.waiting, (
                 f"{noted} is no longer a ready spare; waiting for the policy to choose again"
             )
-        self._slurm.resume(noted)
-        self._phase(rec.incident, PhaseName.spare_promoted, noted)
-        return ActionStatus.done, f"promoted {noted}"
+        return self._resume_spare(rec, noted)
 
     def _pool_now(self) -> list[NodeInfo]:
         if self._spares is None:  # one read of the pool per round of promotions
             self._spares = [n for n in self._slurm.nodes() if is_ready_spare(n)]
         return self._spares
+
+    def forget_spare(self, name: str) -> None:
+        """``name`` left the pool (held out after a failed check): not chosen from this
+        round's read of the pool again."""
+        if self._spares is not None:
+            self._spares = [n for n in self._spares if n.name != name]
 
     def ready_spares(self) -> list[NodeInfo]:
         """The spares ready to be promoted now: the pool as read for this round of

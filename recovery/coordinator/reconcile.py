@@ -35,11 +35,14 @@ from recovery.coordinator.executor import Executor
 from recovery.coordinator.jobwatch import JobWatch
 from recovery.coordinator.kube import KubeFollow, finished
 from recovery.coordinator.rules import Rules
+from recovery.coordinator.validation import Validator
 from recovery.errors import TransientError, UsageError
 from recovery.model import Drain, HealthEvent, PromoteSpare, SaveThenRequeue, Source, TakeDown
 from recovery.model.events import HEARTBEAT_LOST, HELD, RETURNED, UNREACHABLE
 from recovery.policy import incident_id
 from recovery.policy.requeue import describe_end, lost_batch_host
+from recovery.pool.spares import SPARE_REASON, is_spare
+from recovery.pool.validate import CHECK_FAILED_PREFIX
 from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import (
@@ -51,6 +54,7 @@ from recovery.ports.journal import (
     Journal,
     Phase,
     PhaseName,
+    SpareCheckNote,
 )
 from recovery.ports.nodes import KubeNode
 from recovery.ports.slurm import JobInfo, NodeInfo, SlurmControl, describe_state, is_slurms_own
@@ -294,6 +298,7 @@ class Reconciler:
         log: Callable[[str], None],
         wake: Callable[[], None],
         repaired: Callable[[str, str], object],
+        validator: Validator | None = None,
     ) -> None:
         """``wake``: new events were journaled (decide them at once); ``repaired(node,
         why)``: return a node to the pool as `recover node repaired` does (UsageError when
@@ -311,6 +316,7 @@ class Reconciler:
         self._log = log
         self._wake = wake
         self._repaired = repaired
+        self._validator = validator
         self._checked: dict[str, float] = {}
         self._back_since: dict[str, float] = {}  # node -> when it was first seen back (mono)
         self._held_since: dict[tuple[str, int], float] = {}  # (job, run) -> first seen held
@@ -319,6 +325,7 @@ class Reconciler:
         self.steps: tuple[ReconcileStep, ...] = (
             ("unreachable-nodes", self._unreachable_nodes),
             ("saves", self._saves),
+            ("validation", self._validation),
             ("promotions", self._promotions),
             ("operator-take-outs", self._operator_take_outs),
             ("back-in-service", self._back_in_service),
@@ -378,12 +385,67 @@ class Reconciler:
             return  # nothing waits, or the pool is empty: they wait for a spare
         ready = self._executor.ready_spares()
         for rec in waiting:
+            if self._validator is not None:
+                # Its spare is being checked (out of the pool for its burn-in): the choice
+                # stands until the verdict is in.
+                info = self._journal.incident(rec.incident).info
+                assert isinstance(rec.action, PromoteSpare)
+                current = info.get("spare_rechosen", rec.action.spare)
+                if current is not None and self._validator.busy(current):
+                    continue
             node = rec.action.node
             pick = self._rules.choose_spare(ready, seen.by_name.get(node) or node)
             if pick is None:
                 return
             self._journal.update_incident(rec.incident, info={"spare_rechosen": pick.name})
             self._executor.retry_promotion(rec)
+
+    def _validation(self, seen: Snapshot, now: Stamp) -> None:
+        """What the checks found, applied: a spare whose last check failed is held out with
+        the failed check as its reason (and the promotion that waited on it is told, and
+        chooses again); a node so held whose last check passed goes back to the pool."""
+        v = self._validator
+        if v is None:
+            return
+        for out in v.take_outcomes():
+            check = out.check
+            if out.incident:
+                # Every check a promotion waited on, in its incident (phases keep the first).
+                info = self._journal.incident(out.incident).info
+                note = SpareCheckNote(
+                    spare=check.node, verdict=check.verdict, took_s=check.took_s, at=check.at,
+                    detail=check.failed.detail if check.failed else "",
+                )  # fmt: skip
+                kept = [*info.get("spare_checks", []), note]
+                self._journal.update_incident(out.incident, info={"spare_checks": kept})
+                took = f"{check.took_s:.1f} s"
+                if check.passed:
+                    detail = f"{check.node}: {check.verdict} in {took}"
+                    self._journal.add_phase(
+                        out.incident, Phase(PhaseName.spare_checked, now, detail)
+                    )
+                else:
+                    bad = check.failed
+                    words = f"{bad.name}: {bad.detail}" if bad is not None else check.verdict
+                    detail = f"{check.node}: failed its check ({words}) in {took}"
+                    self._journal.add_phase(
+                        out.incident, Phase(PhaseName.spare_rejected, now, detail)
+                    )
+            self._log(f"validation: {check.node} {check.verdict}")
+        for node in seen.nodes:
+            if v.claims.holder(node.name) is not None or v.busy(node.name):
+                continue
+            last = v.last(node.name)
+            if last is None:
+                continue
+            # Only a verdict on the spare itself holds it (not one from before it was one).
+            if is_spare(node) and not last.passed and last.standing == "spare":
+                self._slurm.drain(node.name, last.hold_reason())
+                self._executor.forget_spare(node.name)
+                self._log(f"validation: {node.name} held out: {last.hold_reason()}")
+            elif node.reason.startswith(CHECK_FAILED_PREFIX) and last.passed:
+                self._slurm.drain(node.name, SPARE_REASON)
+                self._log(f"validation: {node.name} back in the pool ({last.verdict})")
 
     def _operator_take_outs(self, seen: Snapshot, now: Stamp) -> None:
         if self._kube is None:

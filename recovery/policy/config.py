@@ -12,6 +12,8 @@ Example file (every key optional)::
     spares: {groups: {node1: rack-a, node2: rack-a}, feature_prefix: "rack-"}
     requeue: {window_s: 120, budget: 3, budget_window_s: 3600}
     progress: {floor_s: 30, straggler: {factor: 2.0}}
+    validation: {required: true, max_age_s: 600, accelerators: 8, burn_in_budget_s: 60,
+                 recheck_s: 300, agent_max_age_s: 20, burn_in: true}
     dry_run: false
 """
 
@@ -40,6 +42,7 @@ from recovery.policy._files import (
 )
 from recovery.policy.catalogue import Catalogue, load_catalogue, parse_verdict
 from recovery.policy.requeue import RequeueConfig
+from recovery.pool.validate import ValidationSettings
 from recovery.progress import Budgets
 
 
@@ -129,6 +132,8 @@ class PolicyConfig:
     """The site's thresholds for judging jobs' progress (stall budgets and the straggler
     rule, the keys of ``$RECOVER_STALL_BUDGETS``): the agents take them from their
     heartbeats as their defaults; a job's own budgets go over them."""
+    validation: ValidationSettings = field(default_factory=ValidationSettings)
+    """How nodes are checked before work lands on them (``recover node check``)."""
 
     @classmethod
     def default(cls) -> PolicyConfig:
@@ -168,6 +173,7 @@ _TOP = (
     "repair_check",
     "requeue",
     "progress",
+    "validation",
 )
 
 
@@ -198,6 +204,27 @@ def load_policy_config(path: Path | None, *, catalogue: Catalogue | None = None)
         repair_check=_repair_check(data.get("repair_check"), f"{where}: repair_check"),
         requeue=_requeue(data.get("requeue", {}), f"{where}: requeue"),
         progress=_progress(data.get("progress", {}), f"{where}: progress"),
+        validation=_validation(data.get("validation", {}), f"{where}: validation"),
+    )
+
+
+def _validation(raw: object, where: str) -> ValidationSettings:
+    data = require_mapping(raw, where)
+    d = ValidationSettings()
+    check_keys(data, where, tuple(f.name for f in fields(d)))
+
+    def seconds(key: str, *, strict: bool = True) -> float:
+        return number(data.get(key, getattr(d, key)), f"{where}: {key}", strict=strict)
+
+    count = data.get("accelerators")
+    return ValidationSettings(
+        agent_max_age_s=seconds("agent_max_age_s"),
+        accelerators=None if count is None else integer(count, f"{where}: accelerators"),
+        max_age_s=seconds("max_age_s"),
+        burn_in=boolean(data.get("burn_in", d.burn_in), f"{where}: burn_in"),
+        burn_in_budget_s=seconds("burn_in_budget_s"),
+        required=boolean(data.get("required", d.required), f"{where}: required"),
+        recheck_s=seconds("recheck_s", strict=False),
     )
 
 

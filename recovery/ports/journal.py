@@ -106,6 +106,16 @@ class PhaseName(StrEnum):
     do-not-restart exit status, ``--no-requeue``, the restart budget, dry run)."""
     no_spare = "no-spare"
     """The spare pool was empty when the promotion ran; it waits for a spare."""
+    spare_checking = "spare-checking"
+    """The chosen spare had no fresh passing check (policy ``validation.required``): one was
+    asked for, and the promotion waits on it (detail starts with the spare's name)."""
+    spare_checked = "spare-checked"
+    """The spare the promotion waited on passed its check (detail: its name, the time the
+    check took)."""
+    spare_rejected = "spare-rejected"
+    """The spare the promotion waited on failed its check: it is held out with the failed
+    check as its reason and the next spare is tried (detail: its name and the check's
+    words)."""
     spare_promoted = "spare-promoted"
     """The spare is in service (detail: exactly its name)."""
     job_running = "job-running"
@@ -207,6 +217,18 @@ class SaveNote(TypedDict):
     deadline_mono: float
 
 
+class SpareCheckNote(TypedDict):
+    """One check of a spare a promotion waited on: the spare, its verdict (``passed``,
+    ``failed: <check>``), how long it took, when it ended (wall seconds), and the failed
+    check's words."""
+
+    spare: str
+    verdict: str
+    took_s: float
+    at: float
+    detail: str
+
+
 class IncidentInfo(TypedDict, total=False):
     """An incident's facts (stored as one JSON object; every key is optional). Journals may
     hold keys an older or newer version wrote; they are kept as they are."""
@@ -229,6 +251,9 @@ class IncidentInfo(TypedDict, total=False):
     """The spare the policy chose again when the decision's choice
     (:attr:`recovery.model.PromoteSpare.spare`) was gone, or the pool was empty when it
     decided; it replaces the decision's choice."""
+    spare_checks: list[SpareCheckNote]
+    """Every check of a spare the promotion waited on (policy ``validation.required``),
+    oldest first."""
 
 
 def incident_info(stored: Mapping[str, Any]) -> IncidentInfo:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from recovery.contract.jobmark import PROGRESS_FAULTS
 from recovery.errors import UsageError
@@ -171,6 +172,13 @@ def _incident(
         marks["returned"] = returned
     decided = inc.first(PhaseName.decided)
     reasons = [a.slurm_reason for a in actions if a.slurm_reason and a.node == inc.node]
+    recovery_s = _recovery(ph.fault_at, ph.marks)
+    checks = tuple(dict(c) for c in inc.info.get("spare_checks", []))
+    asked, promoted = inc.first(PhaseName.spare_checking), inc.first(PhaseName.spare_promoted)
+    check_wait = promoted.at - asked.at if asked is not None and promoted is not None else None
+    notes = _notes(inc, ph.fault_at)
+    if asked is not None or checks:
+        notes += (_checks_note(checks, check_wait, recovery_s),)
     return IncidentReport(
         id=inc.id,
         node=inc.node,
@@ -186,7 +194,7 @@ def _incident(
             ph.fault_at,
             ph.marks.get("all_stopped") if ph.supervised else None,
         ),
-        recovery_s=_recovery(ph.fault_at, ph.marks),
+        recovery_s=recovery_s,
         phases=ph.phases,
         why=ph.why,
         marks=marks,
@@ -204,12 +212,43 @@ def _incident(
         slurm_reason=reasons[0] if reasons else None,
         returned_to_pool=returned is not None,
         successor_index=ph.successor,
-        notes=_notes(inc, ph.fault_at),
+        notes=notes,
         chain=ph.chain,
         stopped=ph.stopped,
         supervised=ph.supervised,
         supervisor=_supervisor_lines(run, ph.marks) if ph.supervised else (),
+        check_wait_s=check_wait,
+        spare_checks=checks,
     )
+
+
+def _checks_note(
+    checks: Sequence[dict[str, Any]], waited: float | None, recovery_s: float | None
+) -> str:
+    """The spares' checks a promotion waited on, what they cost, and what promoting a bad
+    one would have cost instead."""
+    said = [
+        f"{c['spare']} {c['verdict']} in {float(c['took_s']):.1f} s"
+        + (f" ({c['detail']})" if c.get("detail") else "")
+        for c in checks
+    ]
+    text = "the spares were checked before one took the job: " + ("; ".join(said) or "none")
+    if waited is not None:
+        text += f"; the promotion waited {waited:.1f} s for the checks"
+    bad = [c["spare"] for c in checks if c["verdict"] not in ("passed", "forced")]
+    if bad and recovery_s is not None:
+        text += (
+            f". Promoting {bad[0]} unchecked would have cost another recovery like this one "
+            f"(about {recovery_s:.1f} s from fault to training again, and the steps since the "
+            "last checkpoint again) as soon as its fault showed, or later: a node whose agent "
+            "is dead reports nothing"
+        )
+    return text
+
+
+#: Faults a scenario makes that open no incident by design: a node's agent killed (the node
+#: runs on; only its checks and the coordinator's silence rule, ignored by default, see it).
+SILENT_FAULTS = frozenset({"agent-kill"})
 
 
 def _unknown(run: RunRecord) -> tuple[str, ...]:
@@ -278,7 +317,9 @@ def build_report(run: RunRecord) -> Report:
         nodes=run.nodes,
         spares=run.spares,
         incidents=incidents,
-        unmatched_faults=tuple(f for f in run.faults if id(f) not in matched),
+        unmatched_faults=tuple(
+            f for f in run.faults if id(f) not in matched and f.fault not in SILENT_FAULTS
+        ),
         goodput=goodput_ranks(
             ranks,
             run.started,

@@ -85,6 +85,12 @@ class IncidentReport:
     supervisor: tuple[tuple[float, str, str], ...] = ()
     """What the supervisor journaled from the stall to the relaunch: ``(at, event,
     detail)``."""
+    check_wait_s: float | None = None
+    """How long the promotion waited for its spares' checks (policy
+    ``validation.required``: ``spare-checking`` -> ``spare-promoted``); None when it did
+    not wait."""
+    spare_checks: tuple[dict[str, Any], ...] = ()
+    """Every check of a spare the promotion waited on (the incident's ``spare_checks``)."""
 
     @property
     def ran_on(self) -> bool:

@@ -166,9 +166,16 @@ def _next_steps(report: Report, inc: IncidentReport) -> list[str]:
         )
     else:
         steps.append(f"`{inc.node}` stayed in service; watch it for a repeat of {inc.fault}.")
+    rejected = sorted({c["spare"] for c in inc.spare_checks if c["verdict"].startswith("failed")})
     if inc.spare and inc.spare != inc.node:
         used = sum(1 for i in report.incidents if i.spare)
-        left = max(0, len(report.spares) - used)
+        held = {
+            c["spare"]
+            for i in report.incidents
+            for c in i.spare_checks
+            if c["verdict"].startswith("failed")
+        }
+        left = max(0, len(report.spares) - used - len(held - {i.spare for i in report.incidents}))
         runs = (
             "is in service (a refill: the job recovered on a spare of its own)"
             if _in_allocation(inc)
@@ -177,6 +184,11 @@ def _next_steps(report: Report, inc: IncidentReport) -> list[str]:
         steps.append(
             f"Spare `{inc.spare}` {runs}; {left} spare(s) left in the pool"
             + (" - the next fault will wait for a repair." if left == 0 else ".")
+        )
+    for spare in rejected:
+        steps.append(
+            f"Spare `{spare}` failed its check and is held out (`recover status` shows why); "
+            f"fix it, then `recover node check {spare}` returns it to the pool."
         )
     if "replacement" in inc.why:
         steps.append(f"No spare was promoted: {inc.why['replacement']}.")

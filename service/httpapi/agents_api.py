@@ -51,13 +51,24 @@ class HeartbeatTracker:
         self._clock = clock
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[float, str]] = {}
+        self._accelerators: dict[str, dict[str, Any]] = {}
 
-    def beat(self, node: str, version: str = "") -> float:
-        """Record a heartbeat from ``node`` now; returns its monotonic time."""
+    def beat(
+        self, node: str, version: str = "", accelerators: Mapping[str, Any] | None = None
+    ) -> float:
+        """Record a heartbeat from ``node`` now (with what its agent said of its
+        accelerators, when it did); returns its monotonic time."""
         now = self._clock.now().mono
         with self._lock:
             self._seen[node] = (now, version)
+            if accelerators is not None:
+                self._accelerators[node] = dict(accelerators)
         return now
+
+    def accelerators(self, node: str) -> Mapping[str, Any] | None:
+        """What ``node``'s agent last said of its accelerators, None if it said nothing."""
+        with self._lock:
+            return self._accelerators.get(node)
 
     def last_seen(self, node: str) -> float | None:
         """Monotonic seconds of ``node``'s last heartbeat, None if it never beat."""
@@ -116,11 +127,27 @@ class AgentChannel:
         )  # fmt: skip
 
 
+class AcceleratorReport(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    source: Annotated[str, Field(max_length=32)] = "none"
+    devices: Annotated[int, Field(ge=0, le=4096)] | None = None
+    lost: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=4096)] = []
+    remap_failed: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=4096)] = []
+    retirement_pending: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=4096)] = []
+    faults: Annotated[int, Field(ge=0)] = 0
+    last_fault: Annotated[str, Field(max_length=64)] = ""
+    last_fault_at: float | None = None
+
+
 class Heartbeat(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     node: Annotated[str, Field(pattern=NODE_PATTERN)]
     version: Annotated[str, Field(max_length=64)] = ""
+    accelerators: AcceleratorReport | None = None
+    """What the agent last saw of its node's accelerators (``agents/accel.py``): what the
+    node checks judge."""
 
 
 class InjectRequest(BaseModel):
@@ -164,7 +191,8 @@ def _heartbeat_routes(
     def heartbeat(beat: Heartbeat, who: Annotated[Principal, Depends(caller)]) -> dict[str, Any]:
         if not who.may_report_for(beat.node):
             raise HTTPException(403, f"the token of node {who.node} may not beat for {beat.node}")
-        channel.heartbeats.beat(beat.node, beat.version)
+        said = beat.accelerators.model_dump() if beat.accelerators is not None else None
+        channel.heartbeats.beat(beat.node, beat.version, said)
         return {"node": beat.node, "interval_s": HEARTBEAT_S, "progress": channel.progress}
 
     @app.get("/v1/agents", response_model=list[dict[str, Any]], dependencies=[Depends(caller)])

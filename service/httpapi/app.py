@@ -7,7 +7,8 @@ Endpoints (every one but ``/healthz``, and ``/metrics`` unless configured, needs
   events are committed to the journal (group commit, :mod:`service.httpapi.intake`);
 * ``GET /v1/incidents[?open=true]``, ``GET /v1/incidents/{id}`` - from the journal;
 * ``GET /v1/nodes``, ``GET /v1/status``, ``GET /v1/breaker`` - from the coordinator;
-* ``POST /v1/nodes/{node}/repaired``, ``POST /v1/breaker/reset`` - admin token only;
+* ``POST /v1/nodes/{node}/repaired``, ``POST /v1/nodes/{node}/check``, ``POST
+  /v1/breaker/reset`` - admin token only;
 * ``GET /healthz``, ``GET /metrics`` (Prometheus text).
 """
 
@@ -18,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Protocol, runtime_checkable
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import Body, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -236,6 +237,26 @@ def _coordinator_routes(app: FastAPI, coordinator: CoordinatorApi, caller: Any, 
         except UsageError as e:
             known = {str(n.get("name")) for n in coordinator.nodes()}
             raise HTTPException(400 if node in known else 404, str(e)) from e
+
+    @app.post(
+        "/v1/nodes/{node}/check",
+        response_model=dict[str, Any],
+        responses={**err404, 409: {"model": models.ErrorReply}},
+        dependencies=admin_only,
+    )
+    def check(
+        node: Annotated[str, Path(pattern=NODE_PATTERN)],
+        body: Annotated[models.CheckRequest | None, Body()] = None,
+    ) -> dict[str, Any]:
+        # A plain def: FastAPI runs it on a worker thread, so a burn-in of seconds blocks
+        # no other request.
+        ask = body or models.CheckRequest()
+        try:
+            return coordinator.check_node(node, burn_in=ask.burn_in, force=ask.force)
+        except UsageError as e:
+            known = {str(n.get("name")) for n in coordinator.nodes()}
+            status = 404 if node not in known else 409 if "busy" in str(e) else 400
+            raise HTTPException(status, str(e)) from e
 
     @app.post(
         "/v1/breaker/reset",

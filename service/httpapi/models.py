@@ -3,9 +3,9 @@ their construction from the journal's records."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.model import HealthEvent
 from recovery.ports.clock import Stamp
@@ -155,3 +155,14 @@ def incident_detail(r: IncidentRecord, events: list[StoredEvent]) -> IncidentDet
             for s in events
         ],
     )
+
+
+class CheckRequest(BaseModel):
+    """``POST /v1/nodes/{node}/check``: ``burn_in`` false runs the cheap checks only (null:
+    as the policy says); ``force`` records an operator's passing verdict with their reason
+    instead of checking."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    burn_in: bool | None = None
+    force: Annotated[str, Field(min_length=1, max_length=200)] | None = None

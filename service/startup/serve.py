@@ -33,7 +33,13 @@ from service.httpapi.server import free_port, serve
 from service.journaldb.journal import SqliteJournal
 from service.startup.checks import CommandCheck
 from service.startup.kubewatch import NodeWatch
-from service.wiring import KubeOptions, SlurmAccess, node_control, slurm_control
+from service.wiring import (
+    KubeOptions,
+    SlurmAccess,
+    burn_in_runner,
+    node_control,
+    slurm_control,
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,8 @@ def run_coordinator(
         heartbeats=agents.heartbeats,
         checker=None if config.repair_check is None else CommandCheck(config.repair_check, log),
         nodes=nodes,
+        agents=agents.heartbeats,
+        burn_in=burn_in_runner(opts.slurm_conf, env, opts.slurm_access, d / "burn-in", log),
     )
     app = create_app(journal=journal, tokens=tokens, coordinator=engine, clock=clock, agents=agents)
     engine.start()

@@ -47,6 +47,9 @@ class FakeGpu:
     ecc_uncorrected: int = 0
     ecc_supported: bool = True
     remap_failure: bool = False
+    remap_pending: bool = False
+    retirement_pending: bool | None = None
+    """A page retirement waits for a driver reload; None: not supported (Ampere and later)."""
     recovery_action: int = 0
     xid_supported: bool = True
     clock_reasons: int | None = 0
@@ -167,7 +170,14 @@ class FakeNvml:
 
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
         gpu = self._gpu(handle)
-        return (0, 1 if gpu.remap_failure else 0, 0, 1 if gpu.remap_failure else 0)
+        pending = 1 if gpu.remap_pending else 0
+        return (0, 1 if gpu.remap_failure else 0, pending, 1 if gpu.remap_failure else 0)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
+        pending = self._gpu(handle).retirement_pending
+        if pending is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return 1 if pending else 0
 
     def _recovery_action(self, handle: Any) -> int:
         return self._gpu(handle).recovery_action

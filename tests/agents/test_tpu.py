@@ -172,3 +172,16 @@ def test_other_grpc_failures_are_logged_once_not_faults(
         f"tpu: runtime status query failed: localhost:{server.port}: UNIMPLEMENTED: "
         "injected failure"
     ]
+
+
+def test_the_chips_the_runtime_answers_for_go_in_the_heartbeat(
+    server: Server, client: GrpcTpuRuntime, clock: FakeClock
+) -> None:
+    from agents.accel import AcceleratorSummary
+
+    src = _source(client, clock, [], registered=True)
+    src.summary = AcceleratorSummary()
+    server.runtime.cores = {0: (0, 1, ""), 1: (0, 1, ""), 2: (1, 1, ""), 3: (1, 1, "")}
+    assert src.poll_once() == []
+    said = src.summary.to_json()
+    assert (said["source"], said["devices"]) == ("tpu", 2)  # two chips, two cores each

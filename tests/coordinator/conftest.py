@@ -23,8 +23,15 @@ from tests.coordinator.helpers import SHIM, Coordinator
 
 
 @pytest.fixture
+def policy_file() -> Path | None:
+    """The policy file the test's coordinator serves with (None: the defaults); a test
+    module overrides this fixture to serve with its own."""
+    return None
+
+
+@pytest.fixture
 def coordinator(
-    local_cluster: LocalCluster, slurm_ctl: object, tmp_path: Path
+    local_cluster: LocalCluster, slurm_ctl: object, tmp_path: Path, policy_file: Path | None
 ) -> Iterator[Coordinator]:
     """A fresh coordinator on the (reset) session cluster; stopped by pid afterwards."""
     real = shutil.which("scontrol")
@@ -36,7 +43,7 @@ def coordinator(
     shim.write_text(SHIM.format(log=log, real=real))
     shim.chmod(0o755)
     env = {**os.environ, "PATH": f"{shim_dir}:{os.environ['PATH']}"}
-    c = Coordinator(tmp_path / "coordinator", local_cluster.conf_path, env, log)
+    c = Coordinator(tmp_path / "coordinator", local_cluster.conf_path, env, log, config=policy_file)
     c.start()
     try:
         yield c

@@ -33,10 +33,14 @@ class Coordinator:
     env: dict[str, str]
     log: Path
     endpoint: statedir.Endpoint | None = None
+    config: Path | None = None
+    """The policy file it serves with (None: the defaults)."""
     _seq: list[int] = field(default_factory=lambda: [0])
 
     def start(self) -> None:
-        self.endpoint = coordinator_proc.start(self.state_dir, slurm_conf=self.conf, env=self.env)
+        self.endpoint = coordinator_proc.start(
+            self.state_dir, slurm_conf=self.conf, env=self.env, config=self.config
+        )
 
     def kill(self) -> None:
         """SIGKILL the coordinator process (no shutdown of any kind)."""

@@ -76,6 +76,7 @@ class FakeCoordinator:
 
     nodes_known: tuple[str, ...] = NODES
     taken_out: set[str] = field(default_factory=lambda: {"n1"})
+    checked: list[tuple[str, bool | None, str | None]] = field(default_factory=list)
     submitted: list[HealthEvent] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -105,6 +106,15 @@ class FakeCoordinator:
 
     def breaker_reset(self) -> dict[str, Any]:
         return {"released": [], "expired": []}
+
+    def check_node(
+        self, node: str, *, burn_in: bool | None = None, force: str | None = None
+    ) -> dict[str, Any]:
+        if node not in self.nodes_known:
+            raise unknown_choice("node", node, self.nodes_known)
+        self.checked.append((node, burn_in, force))
+        verdict = "forced" if force else "passed"
+        return {"node": node, "verdict": verdict, "passed": True, "results": []}
 
 
 @dataclass

@@ -4,8 +4,10 @@ stepped by hand: what the engine's unit tests drive."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from recovery.coordinator.build import build_engine
 from recovery.coordinator.engine import Engine, EngineSettings
@@ -13,9 +15,10 @@ from recovery.coordinator.executor import ExecutorSettings
 from recovery.coordinator.kube import KubeMode
 from recovery.coordinator.reconcile import Heartbeats
 from recovery.coordinator.rules import Rules
+from recovery.coordinator.validation import AgentReports, NodeClaims
 from recovery.model import HealthEvent, Source
 from recovery.policy import PolicyConfig, load_catalogue
-from recovery.ports.checks import RepairChecker
+from recovery.ports.checks import BurnIn, BurnInOutcome, RepairChecker
 from recovery.ports.clock import FakeClock
 from recovery.ports.journal import IncidentRecord
 from recovery.retry import Backoff
@@ -55,6 +58,9 @@ class Rig:
     kube: KubeMode = field(default_factory=lambda: KubeMode(view_every_s=0.0))
     heartbeats: Heartbeats | None = None
     checker: RepairChecker | None = None
+    agents: AgentReports | None = None
+    """What the agents reported (the node checks' facts)."""
+    burn_in: BurnIn | None = None
     logged: list[str] = field(default_factory=list)
     """What the engine logged."""
 
@@ -83,6 +89,8 @@ class Rig:
             heartbeats=self.heartbeats,
             checker=self.checker,
             nodes=self.nodes,
+            agents=self.agents,
+            burn_in=self.burn_in,
         )
 
     def send(self, *events: HealthEvent, step: bool = True) -> None:
@@ -109,3 +117,44 @@ class Rig:
     def phases(self, node: str) -> list[str]:
         """The names of the newest incident's phases on ``node``, in time order."""
         return [p.name.value for p in sorted(self.incident(node).phases, key=lambda p: p.at.mono)]
+
+
+class FakeAgents:
+    """What agents reported: heartbeats on ``clock`` and accelerators."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.seen: dict[str, float] = {}
+        self.reported: dict[str, dict[str, Any]] = {}
+
+    def beat(self, node: str, accelerators: dict[str, Any] | None = None) -> None:
+        self.seen[node] = self.clock.now().mono
+        if accelerators is not None:
+            self.reported[node] = accelerators
+
+    def last_seen(self, node: str) -> float | None:
+        return self.seen.get(node)
+
+    def accelerators(self, node: str) -> Mapping[str, Any] | None:
+        return self.reported.get(node)
+
+
+class FakeBurnIn:
+    """A burn-in that passes (``ok``) or fails without running anything; records its runs."""
+
+    def __init__(self, ok: bool = True) -> None:
+        self.ok = ok
+        self.runs: list[tuple[str, float, str]] = []
+        self.claims: NodeClaims | None = None
+        self.held_by: list[str | None] = []
+
+    def run(
+        self, node: str, budget_s: float, restore_reason: str, expect_devices: int | None = None
+    ) -> BurnInOutcome:
+        self.runs.append((node, budget_s, restore_reason))
+        if self.claims is not None:
+            self.held_by.append(self.claims.holder(node))
+        return BurnInOutcome(self.ok, "burned" if self.ok else "the product was wrong", "7", 2.5)
+
+    def cleanup(self, restore_reasons: Mapping[str, str]) -> list[str]:
+        return sorted(restore_reasons)

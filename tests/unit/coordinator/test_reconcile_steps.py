@@ -20,6 +20,7 @@ NODES = ["n1", "n2", "n3"]
 STEPS = (
     "unreachable-nodes",
     "saves",
+    "validation",
     "promotions",
     "operator-take-outs",
     "back-in-service",
