@@ -41,7 +41,7 @@ from recovery.model import HealthEvent, Source
 from recovery.ports.clock import Clock
 from recovery.proc import alive
 from recovery.progress import Budgets, Record, StallWatch, Verdict, job_budgets, read_records
-from recovery.progress.registry import Entry, entries
+from recovery.progress.registry import Entry, entries, write_site_budgets
 from recovery.progress.stacks import (
     STACKS,
     missing,
@@ -112,6 +112,9 @@ class ProgressSource:
         else:
             self.budgets = budgets
             self._log(f"agent {self.node}: the site's progress thresholds: {changes}")
+            # For the in-allocation supervisors on this node, which hear no coordinator.
+            if not write_site_budgets(self.registry, changes):
+                self._log(f"agent {self.node}: cannot leave them in {self.registry}")
         self._site = dict(changes)
 
     def run(

@@ -20,6 +20,8 @@ from recovery.inalloc.supervisor import (
     SupervisorJournal,
     install_forwarding,
 )
+from recovery.progress import Budgets
+from recovery.progress.registry import read_site_budgets, registry_dir
 
 
 def supervise_job(
@@ -89,12 +91,17 @@ def supervise_job(
         raise UsageError(f"Invalid --standby-after {standby_after:g}: expected 0 or more")
     steps = JobSteps.from_env()
     path = journal or Path(f"supervisor-{steps.job_id}.jsonl")
+    notes = SupervisorJournal(path)
+    budgets, said = site_budgets(registry_dir(os.environ))
+    if said:
+        notes("site-budgets", said=said)
     supervisor = Supervisor(
         slurm=steps,
         command=command,
         processes=processes,
         batch_host=os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-        journal=SupervisorJournal(path),
+        journal=notes,
+        budgets=budgets,
         max_relaunches=max_relaunches,
         grace_s=grace,
         standby_after_s=None if no_standby else standby_after,
@@ -106,6 +113,19 @@ def supervise_job(
     decision = supervisor.run()
     decision_file.write_text(decision_line(decision) + "\n")
     raise typer.Exit(exit_status(decision))
+
+
+def site_budgets(registry: Path) -> tuple[Budgets, str]:
+    """The thresholds the job is judged by before its own: the site's, as the node's agent
+    left them in ``registry`` (the coordinator's policy ``progress``), over the defaults; and
+    what to journal about them ("" when there are none)."""
+    site = read_site_budgets(registry)
+    if site is None:
+        return Budgets(), ""
+    try:
+        return Budgets().overridden(site, "the site's progress thresholds"), f"taken: {site}"
+    except UsageError as e:
+        return Budgets(), f"refused ({e}); judging by the defaults"
 
 
 def watched_progress(command: list[str], environ: Mapping[str, str] | None = None) -> Path | None:

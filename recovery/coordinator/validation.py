@@ -216,7 +216,7 @@ class Validator:
         """An operator vouches for ``node``: a passing verdict, journaled as forced."""
         self._node(node)
         if not why.strip():
-            raise UsageError("a forced check needs the operator's reason (--reason)")
+            raise UsageError("a forced check needs the operator's reason (--force REASON)")
         check = NodeCheck(
             node, self._clock.now().wall,
             (CheckResult("forced", True, f"forced by an operator: {why.strip()}"),),

@@ -1,4 +1,5 @@
-"""Where a node's agent finds the progress records of the training processes on its node.
+"""Where a node's agent finds the progress records of the training processes on its node, and
+where it leaves the site's progress thresholds for them (:data:`SITE_FILE`).
 
 A process that reports progress leaves a small entry in a node-local directory
 (``$RECOVER_PROGRESS_REGISTRY``, default :data:`DEFAULT_REGISTRY`), named after its pid: its
@@ -20,6 +21,10 @@ from pathlib import Path
 
 ENV_REGISTRY = "RECOVER_PROGRESS_REGISTRY"
 DEFAULT_REGISTRY = Path("/run/recover/progress")
+#: The site's progress thresholds (the coordinator's policy ``progress``), left in the
+#: registry by the node's agent for what runs on the node without a coordinator of its own to
+#: ask: an in-allocation job's supervisor.
+SITE_FILE = "site-budgets.json"
 
 
 def registry_dir(environ: Mapping[str, str]) -> Path:
@@ -71,3 +76,26 @@ def entries(registry: Path) -> list[Entry]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
+
+
+def write_site_budgets(registry: Path, changes: Mapping[str, object]) -> bool:
+    """Leave the site's thresholds in ``registry`` (atomically); False when they cannot be
+    written (no such directory, no permission): the supervisor then judges by its defaults."""
+    try:
+        registry.mkdir(parents=True, exist_ok=True)
+        tmp = registry / f".{SITE_FILE}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(dict(changes), sort_keys=True))
+        os.replace(tmp, registry / SITE_FILE)
+    except (OSError, TypeError, ValueError):
+        return False
+    return True
+
+
+def read_site_budgets(registry: Path) -> dict[str, object] | None:
+    """The site's thresholds the node's agent left in ``registry``; None when there are none
+    (no agent, or one that never heard from a coordinator) or they cannot be read."""
+    try:
+        data = json.loads((registry / SITE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
