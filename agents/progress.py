@@ -93,7 +93,9 @@ class ProgressSource:
         self.clock = clock
         self.registry = registry
         self.budgets = self._base = budgets or Budgets()
-        self._site: dict[str, Any] = {}
+        self._site: dict[str, Any] | None = None
+        """The site's thresholds last heard (None: none yet: the first answer is always
+        taken, so what an earlier agent left in the registry is replaced)."""
         self._stacks = stacks
         self._log = log
         self._version = agent_version
@@ -111,7 +113,8 @@ class ProgressSource:
             self._log(f"agent {self.node}: {e}; judging by the agent's own defaults")
         else:
             self.budgets = budgets
-            self._log(f"agent {self.node}: the site's progress thresholds: {changes}")
+            if changes:
+                self._log(f"agent {self.node}: the site's progress thresholds: {changes}")
             # For the in-allocation supervisors on this node, which hear no coordinator.
             if not write_site_budgets(self.registry, changes):
                 self._log(f"agent {self.node}: cannot leave them in {self.registry}")

@@ -120,7 +120,7 @@ def site_budgets(registry: Path) -> tuple[Budgets, str]:
     left them in ``registry`` (the coordinator's policy ``progress``), over the defaults; and
     what to journal about them ("" when there are none)."""
     site = read_site_budgets(registry)
-    if site is None:
+    if not site:
         return Budgets(), ""
     try:
         return Budgets().overridden(site, "the site's progress thresholds"), f"taken: {site}"

@@ -38,9 +38,12 @@ def test_the_agent_leaves_the_thresholds_it_accepts_and_not_those_it_refuses(
     tmp_path: Path,
 ) -> None:
     registry = tmp_path / "registry"
+    write_site_budgets(registry, {"floor_s": 99})  # an earlier agent's, another site's
     source = ProgressSource("n1", FakeClock(), registry, log=lambda _line: None)
-    source.use_site_budgets({"straggler": {"factor": 0.5}})  # refused
-    assert read_site_budgets(registry) is None
+    source.use_site_budgets({})  # the first answer: no thresholds at this site
+    assert read_site_budgets(registry) == {}
+    source.use_site_budgets({"straggler": {"factor": 0.5}})  # refused: left as it was
+    assert read_site_budgets(registry) == {}
     source.use_site_budgets({"floor_s": 45})
     assert read_site_budgets(registry) == {"floor_s": 45}
 
@@ -50,6 +53,8 @@ def test_the_supervisor_judges_by_the_sites_thresholds_over_the_defaults(tmp_pat
     budgets, said = site_budgets(registry)
     assert said == ""
     assert budgets.straggler.factor == 1.5
+    write_site_budgets(registry, {})
+    assert site_budgets(registry)[1] == ""
     write_site_budgets(registry, {"straggler": {"factor": 2.5}})
     budgets, said = site_budgets(registry)
     assert budgets.straggler.factor == 2.5
