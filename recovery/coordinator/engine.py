@@ -51,7 +51,6 @@ from recovery.model import (
     TakeDown,
 )
 from recovery.model.events import HELD, REPAIRED, RETURNED
-from recovery.pool.validate import fresh_pass
 from recovery.ports.checks import RepairChecker
 from recovery.ports.clock import Clock, Stamp
 from recovery.ports.journal import ActionStatus, JobPath, Journal, Phase, PhaseName, StoredEvent
@@ -336,7 +335,7 @@ class Engine:
         if v.settings.required and known:
             # Checked first, on this (the caller's) thread: only a node that passes goes back.
             last = v.last(node)
-            if last is None or not fresh_pass(last, self._clock.now().wall, v.settings.max_age_s):
+            if last is None or not v.fresh(node):
                 # The incidents of the fault this repair answers do not count against it.
                 mine = [i.id for i in self._journal.incidents(open_only=True) if i.node == node]
                 last = v.check(node, excuse=mine)

@@ -207,7 +207,14 @@ class Validator:
         results = list(steps.results)
         if steps.burn_in:
             results.append(self._run_burn_in(info))
-        check = NodeCheck(node, self._clock.now().wall, tuple(results), standing=_standing(info))
+        now = self._clock.now().wall
+        burned = next((r.ok for r in results if r.name == "burn-in"), None)
+        previous = self.last(node)
+        burned_at = (
+            now if burned else
+            previous.burned_at if burned is None and previous is not None else None
+        )  # fmt: skip
+        check = NodeCheck(node, now, tuple(results), standing=_standing(info), burned_at=burned_at)
         self._keep(check)
         self._log(f"validation: {node} {check.verdict} in {check.took_s:.1f} s")
         return check
@@ -252,7 +259,7 @@ class Validator:
         validator's thread runs it; the waiting promotion tries again after)."""
         if not self.settings.required:
             return None, False
-        if fresh_pass(self.last(node), self._clock.now().wall, self.settings.max_age_s):
+        if self.fresh(node):
             return None, False
         if self.claims.holder(node) == "burn-in":
             return f"{node} is being checked", False
@@ -266,6 +273,14 @@ class Validator:
             f"{node} has {had} within {self.settings.max_age_s:g} s; checking it before it "
             "takes work"
         ), asked
+
+    def fresh(self, node: str) -> bool:
+        """``node``'s last check passed within ``max_age_s``, and so did a burn-in where the
+        policy has them (and a runner is there)."""
+        burned = self.settings.burn_in and self._burn_in is not None
+        return fresh_pass(
+            self.last(node), self._clock.now().wall, self.settings.max_age_s, burned=burned
+        )
 
     def request(self, node: str, incident: str = "") -> bool:
         """Ask the validator's thread to check ``node``; False when it was asked already."""
@@ -319,10 +334,10 @@ class Validator:
         job = self._next()
         if job is None:
             return False
-        node, incident = job
+        node, incident, burn_in = job
         check: NodeCheck | None
         try:
-            check = self.check(node)
+            check = self.check(node, burn_in=burn_in)
         except UsageError as e:  # gone from Slurm, or busy: a waiting promotion asks again
             self._log(f"validation: {node}: {e}")
             check = None
@@ -332,11 +347,15 @@ class Validator:
                 self._outcomes.append(Outcome(check, incident))
         return True
 
-    def _next(self) -> tuple[str, str] | None:
+    def _next(self) -> tuple[str, str, bool | None] | None:
+        """The next check to run: ``(node, incident asking, burn_in)``; a check asked for
+        first (as the policy says), else a spare's re-check that is due: the cheap checks,
+        and the burn-in only when the last one passed would be older than ``max_age_s``
+        before the next re-check."""
         with self._lock:
             if self._requested:
                 node = next(iter(self._requested))
-                return node, self._requested[node]
+                return node, self._requested[node], None
         every = self.settings.recheck_s
         if every <= 0:
             return None
@@ -346,7 +365,9 @@ class Validator:
                 continue
             last = self.last(n.name)
             if last is None or now - last.at >= every:
-                return n.name, ""
+                burned_at = last.burned_at if last is not None else None
+                stale = burned_at is None or now - burned_at >= self.settings.max_age_s - every
+                return n.name, "", None if stale else False
         return None
 
     def _node(self, node: str) -> NodeInfo:

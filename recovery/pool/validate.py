@@ -63,6 +63,9 @@ class NodeCheck:
     forced: str = ""
     standing: str = ""
     """What the node was when checked: ``spare``, ``in service`` or ``out of service``."""
+    burned_at: float | None = None
+    """When the node last passed a burn-in (wall seconds): this check's, or the previous
+    check's carried over by a check that ran none (a cheap background re-check)."""
 
     @property
     def passed(self) -> bool:
@@ -107,6 +110,7 @@ class NodeCheck:
             "took_s": self.took_s,
             "forced": self.forced,
             "standing": self.standing,
+            "burned_at": self.burned_at,
             "results": [r.to_json() for r in self.results],
         }
 
@@ -118,12 +122,21 @@ class NodeCheck:
             results=tuple(CheckResult.from_json(r) for r in doc.get("results", ())),
             forced=str(doc.get("forced", "")),
             standing=str(doc.get("standing", "")),
+            burned_at=float(doc["burned_at"]) if doc.get("burned_at") is not None else None,
         )
 
 
-def fresh_pass(check: NodeCheck | None, now: float, max_age_s: float) -> bool:
-    """``check`` passed and ended no more than ``max_age_s`` seconds before ``now``."""
-    return check is not None and check.passed and 0 <= now - check.at <= max_age_s
+def fresh_pass(
+    check: NodeCheck | None, now: float, max_age_s: float, *, burned: bool = False
+) -> bool:
+    """``check`` passed and ended no more than ``max_age_s`` seconds before ``now``; with
+    ``burned``, the node also passed a burn-in within ``max_age_s`` (a forced verdict counts:
+    the operator vouches for the node)."""
+    if check is None or not check.passed or not 0 <= now - check.at <= max_age_s:
+        return False
+    if not burned or check.forced:
+        return True
+    return check.burned_at is not None and 0 <= now - check.burned_at <= max_age_s
 
 
 @dataclass(frozen=True)
@@ -202,7 +215,9 @@ class ValidationSettings:
     """Only nodes with a fresh passing check are promoted or returned to the pool. Off: a
     check is run and shown when asked for (``recover node check``), never waited on."""
     recheck_s: float = 0.0
-    """Re-check every spare this often in the background, cheap checks only (0: never)."""
+    """Re-check every spare this often in the background (0: never): the cheap checks, and
+    the burn-in only when the last one passed would otherwise grow older than ``max_age_s``
+    before the next re-check (the spare leaves the pool only for those)."""
 
     def __post_init__(self) -> None:
         for name in ("agent_max_age_s", "max_age_s", "burn_in_budget_s"):

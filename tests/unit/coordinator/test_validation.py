@@ -219,3 +219,48 @@ def test_a_fault_before_the_repair_is_what_was_repaired(rig: Any) -> None:
     failed = v.check("spare1", burn_in=False)
     assert failed.failed is not None
     assert "an accelerator fault since its last check (xid79)" in failed.failed.detail
+
+
+def test_background_rechecks_are_cheap_until_the_burn_in_would_grow_stale(rig: Any) -> None:
+    v = rig.validator(recheck_s=60, max_age_s=600, required=True)
+    rig.agents.beat("spare1", GPUS)
+    rig.agents.beat("spare2", GPUS)
+    assert v.run_once()
+    assert v.run_once()
+    assert [r[0] for r in rig.burn.runs] == ["spare1", "spare2"]
+    burned = v.last("spare1").burned_at
+    assert burned == rig.clock.now().wall
+    assert not v.run_once()  # nothing due yet
+    for _ in range(8):  # every 60 s, cheap: the spares stay in the pool
+        rig.clock.advance(60)
+        rig.agents.beat("spare1")
+        rig.agents.beat("spare2")
+        assert v.run_once()
+        assert v.run_once()
+        last = v.last("spare1")
+        assert last.passed
+        assert last.burned_at == burned  # carried over
+        assert v.fresh("spare1")
+    assert len(rig.burn.runs) == 2
+    rig.clock.advance(60)  # 540 s since the burn-in: the next would find it older than 600
+    rig.agents.beat("spare1")
+    rig.agents.beat("spare2")
+    assert v.run_once()
+    assert [r[0] for r in rig.burn.runs] == ["spare1", "spare2", "spare1"]
+    assert v.last("spare1").burned_at == rig.clock.now().wall
+
+
+def test_a_fresh_check_needs_a_fresh_burn_in_where_the_policy_has_them(rig: Any) -> None:
+    v = rig.validator(max_age_s=600, required=True)
+    rig.agents.beat("spare1", GPUS)
+    cheap = v.check("spare1", burn_in=False)
+    assert cheap.passed
+    assert cheap.burned_at is None
+    assert not v.fresh("spare1")  # passed, but never burned in
+    wait, asked = v.gate("spare1", "inc-1")
+    assert wait is not None
+    assert asked
+    v.force("spare1", "vouched")
+    assert v.fresh("spare1")  # the operator's word stands for the burn-in
+    assert fresh_pass(cheap, cheap.at, 600)
+    assert not fresh_pass(cheap, cheap.at, 600, burned=True)
