@@ -88,3 +88,16 @@ def make_event(n: int, *, node: str = "gpu-n3", fault: str = "xid79", size: int 
         observed_at=1.8e9 + n,
         message=(f"event {n} " * (1 + size // 8))[:size] if size else f"event {n}",
     )
+
+
+def case_lines(case: dict[str, Any]) -> list[str]:
+    """The kernel-log lines of a table row (``line``, or ``lines`` for a split message)."""
+    return list(case["lines"]) if "lines" in case else [case["line"]]
+
+
+def case_wanted(case: dict[str, Any]) -> list[dict[str, Any]]:
+    """The faults a table row must give (``want``: none, one, or a list)."""
+    want = case["want"]
+    if want is None:
+        return []
+    return list(want) if isinstance(want, list) else [want]

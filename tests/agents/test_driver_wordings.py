@@ -17,6 +17,7 @@ from agents.kmsg import KernelFault, KernelLogParser
 from agents.logfile import parse_file
 from agents.logform import read_line
 from agents.nvmsg import RULES, match_message
+from tests.agents.helpers import case_lines, case_wanted
 
 SAMPLES = Path(__file__).parent / "samples"
 
@@ -41,26 +42,15 @@ _RAW_NUMBER = re.compile(r"\): ([0-9]+)")
 _SOURCE = re.compile(r"^(?:https://\S+|[\w.-]+/[\w.-]+:[\w./-]+)$")
 
 
-def _lines(row: dict[str, Any]) -> list[str]:
-    return list(row["lines"]) if "lines" in row else [row["line"]]
-
-
-def _wanted(row: dict[str, Any]) -> list[dict[str, Any]]:
-    want = row["want"]
-    if want is None:
-        return []
-    return list(want) if isinstance(want, list) else [want]
-
-
 def _feed(lines: list[str]) -> list[KernelFault]:
     parser = KernelLogParser()
     return [f for line in lines for f in parser.feed(line)] + parser.flush()
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[_lines(r)[-1][:70] for r in ROWS])
+@pytest.mark.parametrize("row", ROWS, ids=[case_lines(r)[-1][:70] for r in ROWS])
 def test_driver_wording_gives_exactly_its_faults(row: dict[str, Any]) -> None:
-    found = _feed(_lines(row))
-    wanted = _wanted(row)
+    found = _feed(case_lines(row))
+    wanted = case_wanted(row)
     assert [f.fault for f in found] == [w["fault"] for w in wanted], row.get("why", "")
     for fault, want in zip(found, wanted, strict=True):
         for key, value in want.items():
@@ -71,10 +61,10 @@ def test_the_table_names_a_source_for_every_row_and_holds_both_kinds() -> None:
     for row in ROWS:
         assert set(row) <= {"line", "lines", "want", "source", "why"}, row
         assert _SOURCE.match(str(row.get("source", ""))), f"no source: {row}"
-        for want in _wanted(row):
+        for want in case_wanted(row):
             assert set(want) <= set(FIELDS), want
             assert want.get("rule", "xid") in RULES, want
-    faults = {w["fault"] for r in ROWS for w in _wanted(r)}
+    faults = {w["fault"] for r in ROWS for w in case_wanted(r)}
     assert {"xid79", "xid143"} <= faults  # fallen off / lost, and failed to initialise
     assert sum(1 for r in ROWS if r["want"] is None) >= 12  # lines that must stay silent
     assert len(ROWS) >= 40
@@ -107,8 +97,8 @@ def test_no_sequence_of_lines_makes_the_parser_raise(lines: list[str]) -> None:
 
 
 def _all_cases() -> list[tuple[list[str], list[str]]]:
-    cases = [(_lines(c), [w["fault"] for w in _wanted(c)]) for c in CORPUS]
-    return cases + [(_lines(r), [w["fault"] for w in _wanted(r)]) for r in ROWS]
+    cases = [(case_lines(c), [w["fault"] for w in case_wanted(c)]) for c in CORPUS]
+    return cases + [(case_lines(r), [w["fault"] for w in case_wanted(r)]) for r in ROWS]
 
 
 def _allowed(cut: KernelFault, whole: list[KernelFault], line: str) -> bool:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from agents.kmsg import KernelFault, KernelLogParser
+from tests.agents.helpers import case_lines, case_wanted
 
 CORPUS = Path(__file__).parent / "samples" / "kernel_lines.yaml"
 CASES: list[dict[str, Any]] = yaml.safe_load(CORPUS.read_text())["cases"]
@@ -27,19 +28,8 @@ FIELDS = {
 }
 
 
-def _lines(case: dict[str, Any]) -> list[str]:
-    return list(case["lines"]) if "lines" in case else [case["line"]]
-
-
-def _wanted(case: dict[str, Any]) -> list[dict[str, Any]]:
-    want = case["want"]
-    if want is None:
-        return []
-    return list(want) if isinstance(want, list) else [want]
-
-
 def _case_id(case: dict[str, Any]) -> str:
-    return _lines(case)[-1][:70] or "(empty line)"
+    return case_lines(case)[-1][:70] or "(empty line)"
 
 
 def _field(fault: KernelFault, key: str) -> Any:
@@ -50,8 +40,8 @@ def _field(fault: KernelFault, key: str) -> Any:
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
 def test_corpus_line_gives_exactly_the_faults_it_should(case: dict[str, Any]) -> None:
     parser = KernelLogParser()
-    found = [f for line in _lines(case) for f in parser.feed(line)] + parser.flush()
-    wanted = _wanted(case)
+    found = [f for line in case_lines(case) for f in parser.feed(line)] + parser.flush()
+    wanted = case_wanted(case)
     assert [f.fault for f in found] == [w["fault"] for w in wanted], case.get("why", "")
     for fault, want in zip(found, wanted, strict=True):
         for key, value in want.items():
@@ -63,11 +53,11 @@ def test_corpus_line_gives_exactly_the_faults_it_should(case: dict[str, Any]) ->
 
 
 def test_the_corpus_is_big_enough_and_well_formed() -> None:
-    lines = sum(len(_lines(c)) for c in CASES)
+    lines = sum(len(case_lines(c)) for c in CASES)
     assert lines >= 100, f"the corpus has {lines} lines; the issue asks for at least 100"
     near_misses = [c for c in CASES if c["want"] is None]
     assert len(near_misses) >= 30
     for case in CASES:
         assert set(case) <= {"line", "lines", "want", "why"}, case
-        for want in _wanted(case):
+        for want in case_wanted(case):
             assert set(want) <= set(FIELDS), want
