@@ -4,8 +4,10 @@ directory, have the report written, check the expectations, bring the cluster do
 
 Progress goes to ``say`` one line per thing as it happens (training events, incident phases,
 job state changes, what the runner did), each stamped with the seconds since the start. Every
-wait is on a condition, bounded by the scenario's ``timeout_s``; a run that times out still
-writes its directory, with the reason in ``notes`` and as a failed check.
+wait is on a condition, bounded by a :class:`Deadline`: the scenario's ``timeout_s`` counted
+from the job's first step, and :data:`START_UP_S` for everything before it (the cluster, the
+agents, the job's start-up and compile, all of which a loaded machine stretches); a run that
+times out still writes its directory, with the reason in ``notes`` and as a failed check.
 """
 
 from __future__ import annotations
@@ -46,10 +48,30 @@ ENDED_SETTLE_S = 15.0
 LIGHT_FULL_S = 3.0
 #: Exit status of ``recover scenario run`` when the scenario ran but an expectation failed.
 EXPECTATION_FAILED = 10
+#: Seconds from the run's start (cluster bring-up included) to the job's first step before
+#: the run times out. Seen on a CI machine running four scenarios on two cores: 111 s.
+START_UP_S = 300.0
 
 
 class ScenarioTimeout(RecoverError):
     """A condition the scenario waits on did not come true in time (the message says which)."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a run times out (monotonic seconds). Before the job's first step: ``started`` +
+    the larger of :data:`START_UP_S` and ``run_s`` (a job that never trains still has its
+    scenario's time); from the first step on: that step + ``run_s``, never earlier than
+    before. Start-up is bounded apart because its length is the machine's, not the
+    scenario's: the same cluster and job take 25 s to their first step on a quiet machine
+    and 110 s on a loaded one."""
+
+    started: float
+    run_s: float
+
+    def at(self, first_step: float | None) -> float:
+        before = self.started + max(START_UP_S, self.run_s)
+        return before if first_step is None else max(before, first_step + self.run_s)
 
 
 @dataclass(frozen=True)
@@ -106,7 +128,7 @@ def run(loaded: Loaded, opts: RunOptions) -> RunResult:
     missing, cluster not starting, a bad existing cluster) after stopping what it started."""
     s = loaded.scenario
     t0 = time.time()
-    deadline = time.monotonic() + s.timeout_s
+    deadline = Deadline(time.monotonic(), s.timeout_s)
 
     def say(msg: str) -> None:
         opts.say(f"[{time.time() - t0:6.1f}s] {msg}")
@@ -173,7 +195,7 @@ class _Observed:
 
 
 def _observe(
-    s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, deadline: float, say: Say
+    s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, deadline: Deadline, say: Say
 ) -> _Observed:
     """Submit the job, carry out the entries, wait for the end; then read the incidents and
     the nodes the expectations name, and cancel the job if it still runs."""
@@ -320,7 +342,7 @@ class _Mark:
 
 
 def _drive(
-    s: Scenario, rig: Rig, watch: Watcher, rec: rundir.RunRecord, deadline: float, say: Say
+    s: Scenario, rig: Rig, watch: Watcher, rec: rundir.RunRecord, deadline: Deadline, say: Say
 ) -> list[OperatorAnswer]:
     answers: list[OperatorAnswer] = []
     mark = _Mark(None, 0, 0, 0)
@@ -358,7 +380,7 @@ def _drive(
         at_fault = before if entry.fault is not None else mark.at_fault
         mark = _Mark(time.monotonic(), before, at_fault, watch.count("started"))
     _wait(watch, deadline, "the job to end", partial(_job_over, watch, {}))
-    settle = min(deadline, time.monotonic() + SETTLE_S)
+    settle = min(deadline.at(watch.first_step_seen), time.monotonic() + SETTLE_S)
     try:
         _wait(watch, settle, "the incidents to close", lambda: _all_closed(watch))
     except ScenarioTimeout:
@@ -421,7 +443,7 @@ def _last_phase(incident: dict[str, Any]) -> str:
 
 def _wait(
     watch: Watcher,
-    deadline: float,
+    deadline: Deadline | float,
     what: str,
     done: Callable[[], bool],
     *,
@@ -429,7 +451,8 @@ def _wait(
     interval_s: float = 0.1,
     light: bool = False,
 ) -> None:
-    """Poll until ``done()``; ScenarioTimeout past ``deadline`` (monotonic). With
+    """Poll until ``done()``; ScenarioTimeout past ``deadline`` (monotonic, or a
+    :class:`Deadline` read against the job's first step as it is seen). With
     ``fatal_end``, a job over for good first (:func:`_job_over`: COMPLETED, or ended and not
     requeued within :data:`ENDED_SETTLE_S`) makes the wait fail (it cannot come true). A job
     a fault just ended is FAILED for a moment before the coordinator requeues it: that is the
@@ -448,7 +471,8 @@ def _wait(
         if fatal_end and _job_over(watch, ended):
             state = watch.job.state if watch.job is not None else "?"
             raise ScenarioTimeout(f"the job ended ({state}) while waiting for {what}")
-        if time.monotonic() > deadline:
+        limit = deadline if isinstance(deadline, float) else deadline.at(watch.first_step_seen)
+        if time.monotonic() > limit:
             raise ScenarioTimeout(f"timed out waiting for {what}")
         time.sleep(interval_s)
 

@@ -21,7 +21,8 @@ names the file, the line and the field path (``faults[1].via``). Example::
 Top level
     ``name``: text (letters, digits, ``-``), default the file's name without ``.yaml``.
     ``description``: one line (``recover scenario list`` shows it).
-    ``timeout_s``: seconds the whole run may take before it fails (default 300).
+    ``timeout_s``: seconds the run may take from the job's first step before it fails (default
+    300); before the first step the run has 300 s, or ``timeout_s`` if longer.
 
 ``cluster`` - where it runs
     ``nodes`` (default 4, 1-16) compute nodes ``node1..``; ``spares`` (default 1, 0-8) spares

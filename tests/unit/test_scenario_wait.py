@@ -24,6 +24,7 @@ class _Script:
         self.job: SimpleNamespace | None = None
         self.incidents: list[dict[str, object]] = [{"status": "closed"}]
         self.polls = 0
+        self.first_step_seen: float | None = None
 
     def poll(self, *, force: bool = False) -> None:
         state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
@@ -101,3 +102,25 @@ def test_not_requeued_while_a_training_process_lives(tmp_path: Path) -> None:
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / ".lock").write_text(str(os.getpid()))
     assert _watcher(tmp_path, "PENDING", 1, [0]).requeued() is False
+
+
+def test_the_deadline_counts_the_scenarios_time_from_the_first_step() -> None:
+    """Start-up is the machine's: a run whose job took 200 s to its first step still has its
+    whole ``timeout_s`` for the scenario; before the first step, START_UP_S bounds it."""
+    d = runner.Deadline(started=1000.0, run_s=170.0)
+    assert d.at(None) == 1000.0 + runner.START_UP_S
+    assert d.at(1200.0) == 1200.0 + 170.0
+    # A first step soon after the start never shortens what start-up was promised.
+    assert d.at(1010.0) == 1000.0 + runner.START_UP_S
+    # A scenario longer than START_UP_S keeps its own time before the first step too.
+    assert runner.Deadline(1000.0, 900.0).at(None) == 1900.0
+
+
+def test_a_wait_past_the_deadline_after_the_first_step_times_out() -> None:
+    watch = _Script(["RUNNING"])
+    watch.first_step_seen = time.monotonic() - 10
+    deadline = runner.Deadline(started=time.monotonic() - runner.START_UP_S - 1, run_s=5.0)
+    with pytest.raises(runner.ScenarioTimeout, match="timed out waiting for step 99"):
+        runner._wait(watch, deadline, "step 99", lambda: False,  # type: ignore[arg-type]
+                     interval_s=0.0)  # fmt: skip
+    assert watch.polls == 1
