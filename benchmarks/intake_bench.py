@@ -79,6 +79,9 @@ class CountingCoordinator:
     ) -> dict[str, Any]:
         return {}
 
+    def look_at_node(self, node: str) -> dict[str, Any]:
+        return {}
+
 
 def run_server(db: Path, port: int, nodes: int) -> None:
     from recovery.ports.clock import SystemClock

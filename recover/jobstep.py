@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from recovery.errors import UsageError
+from recovery.errors import RecoverError, UsageError, unknown_choice
 from recovery.inalloc.decide import DEFAULT_MAX_RELAUNCHES, decision_line, exit_status
 from recovery.inalloc.supervisor import (
     DEFAULT_GRACE_S,
@@ -20,8 +21,16 @@ from recovery.inalloc.supervisor import (
     SupervisorJournal,
     install_forwarding,
 )
+from recovery.inalloc.vetting import Vetting
+from recovery.pool.validate import ValidationSettings
 from recovery.progress import Budgets
 from recovery.progress.registry import read_site_budgets, registry_dir
+
+if TYPE_CHECKING:
+    from slurm.jobstep import JobSteps
+
+#: ``--check-spares`` choices.
+CHECK_MODES = ("auto", "always", "never")
 
 
 def supervise_job(
@@ -72,6 +81,28 @@ def supervise_job(
         bool,
         typer.Option("--no-hang-watch", help="Do not watch the launch's progress."),
     ] = False,
+    check_spares: Annotated[
+        str,
+        typer.Option(
+            help="Check each spare of the job before a relaunch puts work on it (the "
+            "coordinator's checks of its agent, incidents and accelerators, then a burn-in "
+            "step on it): 'auto' when the coordinator's policy has validation.required, "
+            "'always', or 'never'. A spare that fails is drained with the failed check as "
+            "its reason and given back."
+        ),
+    ] = "auto",
+    coordinator: Annotated[
+        str | None,
+        typer.Option(
+            envvar="RECOVER_COORDINATOR",
+            help="The coordinator's URL, for the "
+            "spares' checks [default: the one recorded in the state directory].",
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(envvar="RECOVER_TOKEN_FILE", help="The coordinator's token file."),
+    ] = None,
 ) -> None:
     """Run inside a --no-kill job: launch COMMAND on --processes of the job's nodes with
     srun, and when a node is lost relaunch it on one of the job's spare nodes (the batch
@@ -89,6 +120,8 @@ def supervise_job(
         raise UsageError("No command to run: give it after '--'")
     if standby_after < 0:
         raise UsageError(f"Invalid --standby-after {standby_after:g}: expected 0 or more")
+    if check_spares not in CHECK_MODES:
+        raise unknown_choice("--check-spares", check_spares, CHECK_MODES)
     steps = JobSteps.from_env()
     path = journal or Path(f"supervisor-{steps.job_id}.jsonl")
     notes = SupervisorJournal(path)
@@ -109,10 +142,45 @@ def supervise_job(
         progress=None if no_hang_watch else (progress_dir or watched_progress(command)),
         steps=final_step(command),
     )
+    supervisor.vetting = spare_vetting(
+        check_spares, steps, coordinator, token_file, supervisor.batch_host, notes
+    )
     install_forwarding(supervisor)
     decision = supervisor.run()
     decision_file.write_text(decision_line(decision) + "\n")
     raise typer.Exit(exit_status(decision))
+
+
+def spare_vetting(
+    mode: str,
+    steps: JobSteps,
+    url: str | None,
+    token_file: Path | None,
+    batch_host: str,
+    journal: SupervisorJournal,
+) -> Vetting | None:
+    """How the job's spares are checked (``--check-spares``), journaled either way."""
+    from recover.jobcheck import AllocationSpareCheck, site_policy
+    from service.httpapi.client import Client
+
+    if mode == "never":
+        journal("spares-unchecked", why="--check-spares never")
+        return None
+    try:
+        client: Client | None = replace(Client.locate(url, token_file, None), timeout_s=5.0)
+    except RecoverError as e:
+        client, said = None, str(e)
+    policy, said = site_policy(client, batch_host) if client is not None else (None, said)
+    if mode == "auto" and (policy is None or not policy.required):
+        why = said or "the coordinator's policy does not require validation"
+        journal("spares-unchecked", why=f"--check-spares auto: {why}")
+        return None
+    settings = policy or ValidationSettings()
+    journal("spares-checked", max_age_s=settings.max_age_s, burn_in=settings.burn_in,
+            coordinator=client.url if client is not None else None,
+            policy="the coordinator's" if policy else f"the defaults ({said})")  # fmt: skip
+    check = AllocationSpareCheck(steps, client, settings)
+    return Vetting(check, journal, max_age_s=settings.max_age_s)
 
 
 def site_budgets(registry: Path) -> tuple[Budgets, str]:

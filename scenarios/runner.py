@@ -311,10 +311,15 @@ def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say)
         command = command_job.job_command(s.job, rec.run_dir, cache)
     out = rec.run_dir.parent
     spares = s.job.job_spares
+    # The coordinator, for the job's supervisor to ask about its spares (read-only).
+    tokens = out / "coordinator.tokens"
+    tokens.write_text(f"admin {rig.client.token}\n")
+    tokens.chmod(0o600)
+    export = f"--export=ALL,RECOVER_COORDINATOR={rig.client.url},RECOVER_TOKEN_FILE={tokens}"
     job_id = submit_training(
         rig.slurm,
         command,
-        sbatch_args=[f"--nodes={count}", f"--output={out}/job-%j.out", f"--chdir={out}"],
+        sbatch_args=[f"--nodes={count}", f"--output={out}/job-%j.out", f"--chdir={out}", export],
         processes=processes,
         spares=spares,
     )

@@ -171,35 +171,46 @@ class SlurmBurnIn:
                 )  # fmt: skip
             time.sleep(self.poll_s)
         took = self._clock() - start
-        lines = _results(output)
-        if info.state == "COMPLETED" and info.exit_code == 0 and len(lines) == self.processes:
-            slowest = max(float(r.get("total_s", 0.0)) for r in lines)
+        ok = info.state == "COMPLETED" and info.exit_code == 0
+        text = _read(output)
+        found = judge(text, ok=ok, exit_code=info.exit_code or 0, processes=self.processes)
+        if found.ok:
             output.unlink(missing_ok=True)  # a failed one's output is kept for the operator
-            first = lines[0]
-            seen = f"{first.get('devices', '?')} {first.get('platform', '?')} device(s) each"
-            return BurnInOutcome(
-                True,
-                f"job {job_id}: {self.processes} process(es), product and collective right "
-                f"({seen}; {slowest:.1f} s in JAX)",
-                job_id, took,
-            )  # fmt: skip
-        errors = sorted({str(r["error"]) for r in lines if r.get("error")})
-        words = EXIT_WORDS.get(info.exit_code or 0, "")
-        detail = "; ".join(errors) or words or _tail(output)
+        ended = "" if found.ok else f" ended {info.state} (exit {info.exit_code})"
+        return BurnInOutcome(found.ok, f"job {job_id}{ended}: {found.detail}", job_id, took)
+
+
+def judge(text: str, *, ok: bool, exit_code: int, processes: int) -> BurnInOutcome:
+    """What a burn-in printed (``text``: its output, JSON lines among others) and how it
+    ended (``ok``: completed with status 0; else ``exit_code``), in words."""
+    lines = results(text)
+    if ok and len(lines) == processes:
+        slowest = max(float(r.get("total_s", 0.0)) for r in lines)
+        first = lines[0]
+        seen = f"{first.get('devices', '?')} {first.get('platform', '?')} device(s) each"
         return BurnInOutcome(
-            False,
-            f"job {job_id} ended {info.state} (exit {info.exit_code}): {detail or 'no output'}",
-            job_id, took,
-        )  # fmt: skip
+            True,
+            f"{processes} process(es), product and collective right ({seen}; "
+            f"{slowest:.1f} s in JAX)",
+        )
+    errors = sorted({str(r["error"]) for r in lines if r.get("error")})
+    words = EXIT_WORDS.get(exit_code, "")
+    if ok and not errors:  # status 0 from fewer processes than asked
+        words = f"{len(lines)} of {processes} process(es) reported"
+    detail = "; ".join(errors) or words or _tail(text)
+    return BurnInOutcome(False, detail or "no output")
 
 
-def _results(output: Path) -> list[dict[str, Any]]:
-    """The burn-in's JSON lines in ``output`` (other lines skipped)."""
-    found = []
+def _read(output: Path) -> str:
     try:
-        text = output.read_text(errors="replace")
+        return output.read_text(errors="replace")
     except OSError:
-        return []
+        return ""
+
+
+def results(text: str) -> list[dict[str, Any]]:
+    """The burn-in's JSON lines in ``text`` (other lines skipped)."""
+    found = []
     for line in text.splitlines():
         if line.startswith("{"):
             try:
@@ -211,11 +222,8 @@ def _results(output: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _tail(output: Path) -> str:
-    try:
-        lines = output.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
+def _tail(text: str) -> str:
+    lines = text.strip().splitlines()
     return " / ".join(lines[-3:])[-300:]
 
 

@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -38,6 +39,8 @@ from recovery.multiproc import (
     ENV_RENDEZVOUS,
     free_port,
 )
+from recovery.ports.checks import BurnInOutcome
+from slurm.burnin import judge
 from slurm.cli_slurm import CliSlurm
 
 #: `recover train --memory-every` as the environment gives it (recovery.api.memory).
@@ -202,6 +205,64 @@ class JobSteps:
             if word.startswith("NodeAddr="):
                 return word.split("=", 1)[1]
         return node
+
+    def hold(self, node: str, reason: str) -> None:
+        """Take ``node`` out of service with ``reason`` (a drain: it leaves the job when
+        released). Raises RecoverError when Slurm refuses (a user who is not an operator)."""
+        self.control.run(
+            ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
+        )
+
+    def burn_in(
+        self,
+        node: str,
+        budget_s: float,
+        *,
+        expect_devices: int = 0,
+        processes: int = 2,
+        python: str = sys.executable,
+    ) -> BurnInOutcome:
+        """The burn-in of ``node``, a spare of this job, as a step of it (``python -m
+        recovery.train.burnin`` as ``processes`` tasks, overcommitted beside the node's
+        standby). Past ``budget_s`` the step is ended: failed. Never raises for what the
+        node did."""
+        start = time.monotonic()
+        env = dict(self.env)
+        env[ENV_RENDEZVOUS] = f"{self.node_addr(node)}:{free_port()}"
+        for name in (ENV_STANDBY, ENV_PROCESS_ID, ENV_PROCESSES, ENV_GROUP):
+            env.pop(name, None)
+        argv = [
+            "srun", "--nodes=1", f"--ntasks={processes}", f"--nodelist={node}", "--overlap",
+            "--overcommit", "--kill-on-bad-exit=1", "--quit-on-interrupt",
+            python, "-m", "recovery.train.burnin", "--processes", str(processes),
+            "--timeout", str(max(5, int(budget_s))), "--expect-devices", str(expect_devices),
+        ]  # fmt: skip
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            out, err = proc.communicate(timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            # srun --quit-on-interrupt ends the step on SIGINT (a SIGKILLed srun would leave
+            # its tasks running on the node).
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, _ = proc.communicate(timeout=STANDBY_EXIT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            said = judge(out or "", ok=False, exit_code=0, processes=processes).detail
+            return BurnInOutcome(
+                False, f"did not finish within {budget_s:g} s ({said}); ended",
+                took_s=time.monotonic() - start,
+            )  # fmt: skip
+        status = proc.returncode
+        found = judge(out, ok=status == 0, exit_code=status, processes=processes)
+        if not found.ok and found.detail == "no output":
+            found = BurnInOutcome(False, (err.strip().splitlines() or ["no output"])[-1])
+        ended = "" if found.ok else f" (status {status})"
+        return BurnInOutcome(found.ok, f"step{ended}: {found.detail}",
+                             took_s=time.monotonic() - start)  # fmt: skip
 
     def _start_standby(self, node: str, command: Sequence[str]) -> subprocess.Popen[bytes]:
         env = dict(self.env)

@@ -44,6 +44,14 @@ class CoordinatorApi(Protocol):
         for an unknown node (naming the known ones) or one being checked or promoted now."""
         ...
 
+    def look_at_node(self, node: str) -> dict[str, Any]:
+        """The checks that only judge facts (agent, incidents, accelerators), evaluated now
+        for ``node`` and not journaled: what a job supervisor asks before it puts work on a
+        spare of its own job (it runs the burn-in itself), with the site's ``validation``
+        policy under ``policy``. Raises UsageError for an unknown node (naming the known
+        ones)."""
+        ...
+
     def breaker(self) -> dict[str, Any]:
         """Breaker state: window, limits, nodes taken out in the window, held actions."""
         ...

@@ -13,6 +13,7 @@ An engine is built, with everything it works with, by
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import threading
@@ -318,6 +319,11 @@ class Engine:
             check = self._validator.check(node, burn_in=burn_in)
         self._wake.set()  # the reconcile applies the verdict (holds a failed spare) at once
         return check.to_json()
+
+    def look_at_node(self, node: str) -> dict[str, Any]:
+        # The site's validation policy with it: a job supervisor checks its spares by it.
+        policy = dataclasses.asdict(self._validator.settings)
+        return {**self._validator.look(node).to_json(), "policy": policy}
 
     def node_names(self) -> set[str]:
         """The Slurm nodes as last seen (what Kubernetes events may name)."""

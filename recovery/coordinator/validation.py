@@ -30,6 +30,7 @@ from recovery.pool.validate import (
     NodeCheck,
     NodeFacts,
     ValidationSettings,
+    cheap_checks,
     fresh_pass,
     plan,
 )
@@ -218,6 +219,15 @@ class Validator:
         self._keep(check)
         self._log(f"validation: {node} {check.verdict} in {check.took_s:.1f} s")
         return check
+
+    def look(self, node: str) -> NodeCheck:
+        """The cheap checks of ``node`` (agent, incidents, accelerators) as its facts stand
+        now, neither journaled nor counted as its last check (a job supervisor's question
+        about a spare of its job: it runs the burn-in itself, inside its allocation).
+        UsageError for an unknown node."""
+        info = self._node(node)
+        results = cheap_checks(self.facts(node), self.settings)
+        return NodeCheck(node, self._clock.now().wall, tuple(results), standing=_standing(info))
 
     def force(self, node: str, why: str) -> NodeCheck:
         """An operator vouches for ``node``: a passing verdict, journaled as forced."""

@@ -53,6 +53,8 @@ from recovery.inalloc.decide import (
     usr1_about,
 )
 from recovery.inalloc.hang import LOOK_EVERY_S, LaunchWatch
+from recovery.inalloc.vetting import Vetting
+from recovery.pool.validate import NodeCheck
 from recovery.progress import Budgets, Verdict
 from recovery.progress.stacks import mark_supervised, missing, slow_reported, unmark_supervised
 
@@ -125,6 +127,10 @@ class JobSlurm(Protocol):
     def time_left(self) -> float | None:
         """Seconds before the job's time limit; None: no limit (or unknown)."""
 
+    def hold(self, node: str, reason: str) -> None:
+        """Take ``node`` out of service with ``reason`` (a drain); RecoverError when Slurm
+        refuses (the job's user is not a Slurm operator)."""
+
 
 @dataclass
 class SupervisorJournal:
@@ -173,6 +179,11 @@ class Supervisor:
     sleep: Callable[[float], None] = time.sleep
     signalled: int | None = None
     """A signal that asked the job to stop: after it the supervisor relaunches nothing."""
+    vetting: Vetting | None = None
+    """Checks of the job's spares (:mod:`recovery.inalloc.vetting`): a relaunch takes only
+    spares that passed; None: spares are taken as they are."""
+    _rejected: set[str] = field(default_factory=set)
+    """Spares that failed their check: never taken (held out of service, or kept unused)."""
     _incoming: list[int] = field(default_factory=list)
     _leaving: tuple[str, ...] = ()
     _lost_at: float | None = None
@@ -239,6 +250,7 @@ class Supervisor:
             if stall is not None and self.signalled is None:
                 culprits = [c.node for c in stall.culprits] if stall.confident else []
                 self._hung_before = tuple(culprits)
+                layout = self._vetted(layout, need=len(set(culprits) & set(hung_before)))
                 decision = after_hang(
                     layout, culprits, hung_before=hung_before, relaunches=relaunches,
                     max_relaunches=self.max_relaunches,
@@ -266,6 +278,8 @@ class Supervisor:
                 )  # fmt: skip
             else:
                 lost, dropped = self._wait_for_lost(layout)
+                need = sum(1 for n in layout.step if n in lost)
+                layout = self._vetted(layout, need=need, skip=lost)
                 decision = after_step(
                     layout, status, lost=lost, dropped=dropped, relaunches=relaunches,
                     max_relaunches=self.max_relaunches,
@@ -342,6 +356,8 @@ class Supervisor:
                 nodes = self.slurm.job_nodes()
                 started = self.slurm.warm(nodes, self.command)
                 self.journal("standby", attempt=attempt, started=started, nodes=nodes)
+                self._check_spares(layout)
+            self._hold_failed()
             if watch is not None and stall is None and swap is None and self.clock() >= look_at:
                 look_at = self.clock() + LOOK_EVERY_S
                 stall = self._stalled(watch, attempt)
@@ -383,6 +399,8 @@ class Supervisor:
         elif left is None:
             outcome = "the training's final step is unknown"
         else:
+            if gain > cost:  # a swap is likely: the spare it would take must pass its check
+                layout = self._vetted(layout, need=1)
             outcome = after_slow(
                 layout, slow.node, gain_s=gain, cost_s=cost, relaunches=attempt,
                 max_relaunches=self.max_relaunches,
@@ -514,10 +532,73 @@ class Supervisor:
         """Of the layout's nodes, those lost (dropped from the job, or DOWN, DRAIN, FAIL, not
         responding), and those of them Slurm already dropped; the batch host among them
         (it is in the job while it lives; a DRAIN on it is a loss like any other)."""
-        watched = list(layout.step) + list(layout.spares)
+        watched = list(layout.step) + [n for n in layout.spares if n not in self._rejected]
         held = set(self.slurm.job_nodes())
         bad = self.slurm.bad_nodes([n for n in watched if n in held])
         return lost_among(watched, held, bad)
+
+    # --- the spares' checks -------------------------------------------------------------
+
+    def _check_spares(self, layout: Layout) -> None:
+        """Start the background checks of the spares that are due."""
+        if self.vetting is None:
+            return
+        todo = self.vetting.start(n for n in layout.spares if n not in self._rejected)
+        if todo:
+            self.journal("spare-checking", nodes=todo, background=True)
+
+    def _hold_failed(self) -> None:
+        """Hold out each spare the background checks failed (once)."""
+        if self.vetting is None:
+            return
+        for check in self.vetting.failed():
+            if check.node not in self._rejected:
+                self._reject(check)
+
+    def _vetted(self, layout: Layout, *, need: int, skip: Sequence[str] = ()) -> Layout:
+        """``layout`` with only spares a relaunch may take: the first ``need`` of them (not
+        in ``skip``: lost ones, the decision drops those itself) checked, waiting for a
+        check running in the background or making one now; those that fail held out and
+        left out, and the next ones checked in their place."""
+        if self.vetting is None:
+            return layout
+        keep: list[str] = []
+        passed = 0
+        for node in layout.spares:
+            if node in self._rejected:
+                continue
+            if node in skip or passed >= need:
+                keep.append(node)
+                continue
+            if self.vetting.due(node):
+                self.journal("spare-checking", nodes=[node], background=False)
+            check = self.vetting.verdict(node)
+            if check.passed:
+                keep.append(node)
+                passed += 1
+            else:
+                self._reject(check)
+        return Layout(layout.step, tuple(keep), layout.batch_host)
+
+    def _reject(self, check: NodeCheck) -> None:
+        """A spare that failed its check: drained with the failed check as its reason and
+        given back (out of service, as the coordinator holds a pool spare that fails); the
+        batch host, or a node Slurm will not let the job's user drain, is kept, unused."""
+        node = check.node
+        self._rejected.add(node)
+        reason = check.hold_reason()
+        if node == self.batch_host:
+            self.journal("spare-rejected", node=node, reason=reason, held=False,
+                         why="it runs the batch script: kept in the job, unused")  # fmt: skip
+            return
+        try:
+            self.slurm.hold(node, reason)
+        except RecoverError as e:
+            self.journal("spare-rejected", node=node, reason=reason, held=False,
+                         why=f"Slurm refused the drain ({e}): kept in the job, unused")  # fmt: skip
+            return
+        self.journal("spare-rejected", node=node, reason=reason, held=True)
+        self._release([node])
 
     def _decided(self, decision: StepDecision) -> None:
         if isinstance(decision, Finish):

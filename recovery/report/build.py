@@ -179,6 +179,11 @@ def _incident(
     notes = _notes(inc, ph.fault_at)
     if asked is not None or checks:
         notes += (_checks_note(checks, check_wait, recovery_s),)
+    if ph.fault_at is not None:
+        job_checks, job_wait = _job_spare_checks(run, ph.fault_at)
+        if job_checks:
+            notes += (_checks_note(job_checks, job_wait, recovery_s, job=True),)
+            checks += job_checks
     return IncidentReport(
         id=inc.id,
         node=inc.node,
@@ -222,26 +227,67 @@ def _incident(
     )
 
 
+def _job_spare_checks(
+    run: RunRecord, fault_at: float
+) -> tuple[tuple[dict[str, Any], ...], float | None]:
+    """The checks the job's in-allocation supervisor made of its spares on the way from the
+    fault to its relaunch (``spare-checked`` rows, as the incident's ``spare_checks``), and
+    how long the relaunch waited for them."""
+    relaunch = run.supervised("relaunch", fault_at)
+    if relaunch is None:
+        return (), None
+    rows = [
+        e for e in run.supervisor
+        if e.event == "spare-checked" and fault_at <= e.at <= relaunch.at
+        and not e.data.get("background")
+    ]  # fmt: skip
+    checks: list[dict[str, Any]] = []
+    for e in rows:
+        failed = [c for c in e.data.get("checks", []) if c.get("ok") is False]
+        checks.append({
+            "spare": str(e.data.get("node", "?")),
+            "verdict": str(e.data.get("verdict", "?")),
+            "took_s": float(e.data.get("took_s", 0.0)),
+            "at": e.at,
+            "detail": str(failed[0].get("detail", "")) if failed else "",
+        })  # fmt: skip
+    if not checks:
+        return (), None
+    asked = run.supervised("spare-checking", fault_at, relaunch.at)
+    start = asked.at if asked is not None else rows[0].at - float(checks[0]["took_s"])
+    return tuple(checks), max(0.0, relaunch.at - start)
+
+
 def _checks_note(
-    checks: Sequence[dict[str, Any]], waited: float | None, recovery_s: float | None
+    checks: Sequence[dict[str, Any]],
+    waited: float | None,
+    recovery_s: float | None,
+    *,
+    job: bool = False,
 ) -> str:
-    """The spares' checks a promotion waited on, what they cost, and what promoting a bad
-    one would have cost instead."""
+    """The spares' checks a promotion (or, ``job``, the job's own relaunch on a spare it
+    holds) waited on, what they cost, and what taking a bad one would have cost instead."""
     said = [
         f"{c['spare']} {c['verdict']} in {float(c['took_s']):.1f} s"
         + (f" ({c['detail']})" if c.get("detail") else "")
         for c in checks
     ]
-    text = "the spares were checked before one took the job: " + ("; ".join(said) or "none")
+    if job:
+        text = "the job's supervisor checked its spares before the relaunch took one: "
+    else:
+        text = "the spares were checked before one took the job: "
+    text += "; ".join(said) or "none"
     if waited is not None:
-        text += f"; the promotion waited {waited:.1f} s for the checks"
+        text += f"; the {'relaunch' if job else 'promotion'} waited {waited:.1f} s for the checks"
     bad = [c["spare"] for c in checks if c["verdict"] not in ("passed", "forced")]
     if bad and recovery_s is not None:
         text += (
-            f". Promoting {bad[0]} unchecked would have cost another recovery like this one "
-            f"(about {recovery_s:.1f} s from fault to training again, and the steps since the "
-            "last checkpoint again) as soon as its fault showed, or later: a node whose agent "
-            "is dead reports nothing"
+            f". {'Relaunching on' if job else 'Promoting'} {bad[0]} unchecked would have cost "
+            f"another recovery like this one (about {recovery_s:.1f} s from fault to training "
+            "again"
+            + ("" if job else ", and the steps since the last checkpoint again")
+            + ") as soon as its fault showed, or later: a node whose agent is dead reports "
+            "nothing"
         )
     return text
 

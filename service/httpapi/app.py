@@ -258,6 +258,19 @@ def _coordinator_routes(app: FastAPI, coordinator: CoordinatorApi, caller: Any, 
             status = 404 if node not in known else 409 if "busy" in str(e) else 400
             raise HTTPException(status, str(e)) from e
 
+    @app.get(
+        "/v1/nodes/{node}/check",
+        response_model=dict[str, Any],
+        responses=err404,
+        dependencies=auth,
+    )
+    def look(node: Annotated[str, Path(pattern=NODE_PATTERN)]) -> dict[str, Any]:
+        # Any token: it only reads (a job supervisor asks it about its job's spares).
+        try:
+            return coordinator.look_at_node(node)
+        except UsageError as e:
+            raise HTTPException(404, str(e)) from e
+
     @app.post(
         "/v1/breaker/reset",
         response_model=dict[str, Any],

@@ -32,3 +32,27 @@ def test_the_checks_their_cost_and_a_bad_promotions_cost_are_told(tmp_path: Path
     text = render_markdown(report)
     assert "Spare `spare1` failed its check and is held out" in text
     assert "Spare `spare2` now runs the job; 0 spare(s) left in the pool" in text
+
+
+def test_the_job_supervisors_checks_on_the_way_to_its_relaunch_are_told(tmp_path: Path) -> None:
+    """The in-allocation twin (sample ``bad-job-spare``): the job's own spare node6 lost its
+    agent after its background burn-in; the relaunch's cheap re-check rejected it and took
+    node1. Only the checks on the relaunch's path count (not the background burn-ins); the
+    coordinator's check of the pool spare it promoted for the lost node comes first."""
+    report = build_report(load_run(copy_sample("bad-job-spare", tmp_path)))
+    (inc,) = report.incidents
+    assert [(c["spare"], c["verdict"]) for c in inc.spare_checks] == [
+        ("spare1", "passed"),
+        ("node6", "failed: agent"),
+        ("node1", "passed"),
+    ]
+    (note,) = [n for n in inc.notes if n.startswith("the job's supervisor checked")]
+    assert "node6 failed: agent in 0.1 s (its agent's last heartbeat is 10.5 s old" in note
+    assert "the relaunch waited 0.6 s for the checks" in note
+    assert inc.recovery_s is not None
+    assert (
+        "Relaunching on node6 unchecked would have cost another recovery like this one "
+        f"(about {inc.recovery_s:.1f} s from fault to training again)"
+    ) in note
+    assert report.unmatched_faults == ()
+    assert "Spare `node6` failed its check and is held out" in render_markdown(report)

@@ -116,6 +116,11 @@ class FakeCoordinator:
         verdict = "forced" if force else "passed"
         return {"node": node, "verdict": verdict, "passed": True, "results": []}
 
+    def look_at_node(self, node: str) -> dict[str, Any]:
+        if node not in self.nodes_known:
+            raise unknown_choice("node", node, self.nodes_known)
+        return {"node": node, "verdict": "passed", "passed": True, "results": []}
+
 
 @dataclass
 class Api:

@@ -20,7 +20,14 @@ from tests.service.helpers import (
 )
 
 ADMIN, N1 = auth(ADMIN_TOKEN), auth(NODE_TOKENS["n1"])
-READS = ["/v1/incidents", "/v1/incidents?open=true", "/v1/nodes", "/v1/status", "/v1/breaker"]
+READS = [
+    "/v1/incidents",
+    "/v1/incidents?open=true",
+    "/v1/nodes",
+    "/v1/status",
+    "/v1/breaker",
+    "/v1/nodes/n1/check",
+]
 
 
 def _incident(api: Api, i: int, *, held: bool = False) -> str:
@@ -79,6 +86,10 @@ def test_coordinator_reads(api: Api) -> None:
     assert [n["name"] for n in nodes] == ["n1", "n2", "n3"]
     assert api.client.get("/v1/status", headers=N1).json() == {"nodes": 3, "dry_run": False}
     assert api.client.get("/v1/breaker", headers=N1).json()["window_s"] == 300
+    assert api.client.get("/v1/nodes/n2/check", headers=N1).json()["verdict"] == "passed"
+    unknown = api.client.get("/v1/nodes/n9/check", headers=N1)
+    assert unknown.status_code == 404
+    assert unknown.json()["detail"] == "Unknown node 'n9'. Known: n1, n2, n3"
 
 
 @pytest.mark.parametrize(

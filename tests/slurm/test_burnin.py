@@ -5,6 +5,7 @@ whose slurmd is gone fails within the budget and stays out."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,53 @@ def test_a_node_whose_slurmd_is_gone_fails_in_its_budget_and_stays_out(
     assert spare.reason == SPARE_REASON
     wait_for(lambda: slurm_ctl.job(outcome.job_id).finished, 30, "the burn-in job cancelled")
     assert RESERVATION_PREFIX not in _reservations(slurm_ctl)
+
+
+_IN_JOB = """\
+import json, os, sys
+from slurm.jobstep import JobSteps
+
+steps = JobSteps.from_env()
+nodes = steps.job_nodes()
+spare = [n for n in nodes if n != os.environ["SLURMD_NODENAME"]][0]
+good = steps.burn_in(spare, 180)
+bad = steps.burn_in(spare, 1.5)  # JAX alone takes longer to start
+steps.hold(spare, "recover: check failed: burn-in: " + bad.detail[:60])
+steps.release([n for n in nodes if n != spare])
+print(json.dumps({"spare": spare, "good": list(good), "bad": list(bad), "left": steps.job_nodes()}))
+"""
+
+
+def test_a_spare_inside_a_job_is_burned_in_by_a_step_and_held_when_it_fails(
+    slurm_ctl: CliSlurm, tmp_path: Path
+) -> None:
+    """What the in-allocation supervisor does with a spare of its job
+    (``slurm.jobstep.JobSteps.burn_in``, ``hold``, ``release``), from inside a real job:
+    the burn-in is a step of the job on the spare (real JAX, two processes and their
+    collective); one that does not finish within its budget is ended and fails; the failed
+    node is drained with its reason and leaves the job."""
+    import sys
+
+    program = tmp_path / "in_job.py"
+    program.write_text(_IN_JOB)
+    out = tmp_path / "job.out"
+    job_id = slurm_ctl.submit(BatchJob(
+        f"#!/bin/bash\nexec {sys.executable} {program}\n",
+        {"nodes": "2", "no-kill": None, "job-name": "spare-check", "output": str(out)},
+        workdir=str(tmp_path),
+    ))  # fmt: skip
+    wait_for(lambda: slurm_ctl.job(job_id).finished, 300, f"job {job_id} to end")
+    text = out.read_text()
+    assert slurm_ctl.job(job_id).state == "COMPLETED", text
+    doc = json.loads(text.strip().splitlines()[-1])
+    ok, detail, _job, took = doc["good"]
+    assert ok, detail
+    assert "2 process(es), product and collective right" in detail
+    assert took > 0
+    failed, said, _job, _took = doc["bad"]
+    assert not failed
+    assert said.startswith("did not finish within 1.5 s"), said
+    spare = slurm_ctl.node(doc["spare"])
+    assert spare.drained
+    assert spare.reason.startswith("recover: check failed: burn-in: did not finish"), spare
+    assert doc["spare"] not in doc["left"]

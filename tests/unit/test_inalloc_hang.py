@@ -177,6 +177,9 @@ class HangJob:
     def time_left(self) -> float | None:
         return None
 
+    def hold(self, node: str, reason: str) -> None:
+        raise AssertionError("no spare is checked here")
+
 
 def _supervise(job: HangJob, tmp_path: Path, **kw: object) -> tuple[object, SupervisorJournal]:
     clock = iter(range(100_000))

@@ -64,6 +64,8 @@ class FakeJob:
     closed: bool = False
     left_s: float | None = None
     steps: list[FakeStep] = field(default_factory=list)
+    held: list[tuple[str, str]] = field(default_factory=list)
+    refuse_hold: bool = False
 
     def job_nodes(self) -> list[str]:
         return list(self.nodes)
@@ -102,6 +104,12 @@ class FakeJob:
     def close(self) -> None:
         self.closed = True
         self.standby.clear()
+
+    def hold(self, node: str, reason: str) -> None:
+        if self.refuse_hold:  # a job user who is not a Slurm operator
+            raise SlurmRefusedError(f"scontrol update NodeName={node}: Invalid user id")
+        self.held.append((node, reason))
+        self.states[node] = "DRAIN"
 
 
 def _run(job: FakeJob, tmp_path: Path, **kw: object) -> tuple[object, SupervisorJournal]:

@@ -264,3 +264,24 @@ def test_a_fresh_check_needs_a_fresh_burn_in_where_the_policy_has_them(rig: Any)
     assert v.fresh("spare1")  # the operator's word stands for the burn-in
     assert fresh_pass(cheap, cheap.at, 600)
     assert not fresh_pass(cheap, cheap.at, 600, burned=True)
+
+
+def test_a_look_judges_the_facts_now_and_journals_nothing(rig: Any) -> None:
+    """What a job supervisor asks about a spare of its own job: the cheap checks only (it
+    burns the node in itself), never journaled, never counted as the node's last check."""
+    v = rig.validator(accelerators=8)
+    rig.agents.beat("node2", GPUS)
+    rig.clock.advance(2)
+    seen = v.look("node2")
+    assert seen.passed
+    assert [r.name for r in seen.results] == ["agent", "incidents", "accelerators"]
+    assert v.last("node2") is None
+    assert v.history("node2") == []
+    assert rig.burn.runs == []
+    rig.clock.advance(30)  # its agent went silent
+    dead = v.look("node2")
+    assert dead.verdict == "failed: agent"
+    assert "32.0 s old" in dead.results[0].detail
+    assert v.last("node2") is None
+    with pytest.raises(UsageError, match=r"node9.*node1"):
+        v.look("node9")
