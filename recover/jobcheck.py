@@ -24,6 +24,8 @@ class AllocationSpareCheck:
     steps: JobSteps
     client: Client | None
     settings: ValidationSettings
+    peer: str | None = None
+    """A healthy node of the job (the batch host) for the burn-in's collective."""
 
     def check(self, node: str, *, burn_in: bool) -> NodeCheck:
         results: list[CheckResult] = []
@@ -43,6 +45,7 @@ class AllocationSpareCheck:
             out = self.steps.burn_in(
                 node, self.settings.burn_in_budget_s,
                 expect_devices=self.settings.accelerators or 0,
+                peer=self.peer if self.peer != node else None,
             )  # fmt: skip
             results.append(CheckResult("burn-in", out.ok, out.detail, round(out.took_s, 3)))
         else:

@@ -179,7 +179,7 @@ def spare_vetting(
     journal("spares-checked", max_age_s=settings.max_age_s, burn_in=settings.burn_in,
             coordinator=client.url if client is not None else None,
             policy="the coordinator's" if policy else f"the defaults ({said})")  # fmt: skip
-    check = AllocationSpareCheck(steps, client, settings)
+    check = AllocationSpareCheck(steps, client, settings, peer=batch_host)
     return Vetting(check, journal, max_age_s=settings.max_age_s)
 
 

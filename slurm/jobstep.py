@@ -219,24 +219,31 @@ class JobSteps:
         budget_s: float,
         *,
         expect_devices: int = 0,
-        processes: int = 2,
+        peer: str | None = None,
         python: str = sys.executable,
     ) -> BurnInOutcome:
         """The burn-in of ``node``, a spare of this job, as a step of it (``python -m
-        recovery.train.burnin`` as ``processes`` tasks, overcommitted beside the node's
-        standby). Past ``budget_s`` the step is ended: failed. Never raises for what the
+        recovery.train.burnin``, beside the node's standby): one process on ``node`` and one
+        on ``peer`` (a healthy node of the job: the collective crosses the network), or both
+        on ``node``. Past ``budget_s`` the step is ended: failed. Never raises for what the
         node did."""
         start = time.monotonic()
+        nodes = [node] if peer is None else [node, peer]
+        # Process 0 runs on the first of the step's nodes in Slurm's order.
+        ordered = self.control.run(["scontrol", "show", "hostlistsorted", ",".join(nodes)])
+        first = self.control.run(["scontrol", "show", "hostnames", ordered.strip()]).split()
         env = dict(self.env)
-        env[ENV_RENDEZVOUS] = f"{self.node_addr(node)}:{free_port()}"
+        env[ENV_RENDEZVOUS] = f"{self.node_addr(first[0] if first else node)}:{free_port()}"
         for name in (ENV_STANDBY, ENV_PROCESS_ID, ENV_PROCESSES, ENV_GROUP):
             env.pop(name, None)
+        spread = ["--overcommit"] if peer is None else ["--ntasks-per-node=1"]
         argv = [
-            "srun", "--nodes=1", f"--ntasks={processes}", f"--nodelist={node}", "--overlap",
-            "--overcommit", "--kill-on-bad-exit=1", "--quit-on-interrupt",
-            python, "-m", "recovery.train.burnin", "--processes", str(processes),
+            "srun", f"--nodes={len(nodes)}", "--ntasks=2", f"--nodelist={','.join(nodes)}",
+            "--overlap", *spread, "--kill-on-bad-exit=1", "--quit-on-interrupt",
+            python, "-m", "recovery.train.burnin", "--processes", "2",
             "--timeout", str(max(5, int(budget_s))), "--expect-devices", str(expect_devices),
         ]  # fmt: skip
+        processes = 2
         proc = subprocess.Popen(
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -261,6 +268,8 @@ class JobSteps:
         if not found.ok and found.detail == "no output":
             found = BurnInOutcome(False, (err.strip().splitlines() or ["no output"])[-1])
         ended = "" if found.ok else f" (status {status})"
+        if peer is not None:
+            found = BurnInOutcome(found.ok, f"{found.detail}, one on {node} and one on {peer}")
         return BurnInOutcome(found.ok, f"step{ended}: {found.detail}",
                              took_s=time.monotonic() - start)  # fmt: skip
 

@@ -403,15 +403,40 @@ class Validator:
         if holder is not None:
             raise UsageError(f"{info.name} is busy ({holder}); check it again in a moment")
         restore = info.reason or SPARE_REASON  # it goes back out as it was
+        peer = self._claim_peer(info.name)
         try:
             self._journal.set_meta(BURNING_KEY + info.name, restore)
+            if peer is not None:
+                self._journal.set_meta(BURNING_KEY + peer[0], peer[1])
             outcome = self._burn_in.run(
-                info.name, self.settings.burn_in_budget_s, restore, self.settings.accelerators
-            )
+                info.name, self.settings.burn_in_budget_s, restore, self.settings.accelerators,
+                peer,
+            )  # fmt: skip
             self._journal.set_meta(BURNING_KEY + info.name, "")
+            if peer is not None:
+                self._journal.set_meta(BURNING_KEY + peer[0], "")
         finally:
             self.claims.release(info.name)
-        return CheckResult("burn-in", outcome.ok, outcome.detail, round(outcome.took_s, 3))
+            if peer is not None:
+                self.claims.release(peer[0])
+        detail = outcome.detail
+        if peer is None and outcome.ok:
+            detail += " (no healthy peer out of service: the collective ran within the node)"
+        return CheckResult("burn-in", outcome.ok, detail, round(outcome.took_s, 3))
+
+    def _claim_peer(self, node: str) -> tuple[str, str] | None:
+        """A healthy node for the burn-in's collective, claimed: a spare other than ``node``
+        whose last check (and burn-in) passed within ``max_age_s`` and that nothing holds
+        now; with its reason. None when there is none."""
+        for n in self._nodes():
+            if n.name == node or not is_spare(n) or n.held_by_other:
+                continue
+            now = self._clock.now().wall
+            if not fresh_pass(self.last(n.name), now, self.settings.max_age_s, burned=True):
+                continue
+            if self.claims.claim(n.name, f"burn-in peer of {node}") is None:
+                return n.name, n.reason or SPARE_REASON
+        return None
 
 
 def _standing(node: NodeInfo) -> str:

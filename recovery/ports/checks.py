@@ -33,12 +33,19 @@ class BurnIn(Protocol):
     """Runs the burn-in of a node out of service (``slurm.burnin.SlurmBurnIn``)."""
 
     def run(
-        self, node: str, budget_s: float, restore_reason: str, expect_devices: int | None = None
+        self,
+        node: str,
+        budget_s: float,
+        restore_reason: str,
+        expect_devices: int | None = None,
+        peer: tuple[str, str] | None = None,
     ) -> BurnInOutcome:
         """Run a short real job on ``node`` within ``budget_s`` and put the node back out of
         service with ``restore_reason``; on an accelerator node each process must see
-        ``expect_devices`` of them (None: any). What the node did is the outcome (never
-        raised); SlurmUnavailableError when Slurm cannot be reached."""
+        ``expect_devices`` of them (None: any). ``peer``: a healthy node out of service (and
+        its reason) that joins the job's collective from beside it and is put back the same
+        way. What the node did is the outcome (never raised); SlurmUnavailableError when
+        Slurm cannot be reached."""
         ...
 
     def cleanup(self, restore_reasons: Mapping[str, str]) -> list[str]:

@@ -48,6 +48,27 @@ def test_a_spare_is_burned_in_and_put_back_as_it_was(slurm_ctl: CliSlurm, tmp_pa
     assert RESERVATION_PREFIX not in _reservations(slurm_ctl)
 
 
+def test_a_peer_joins_the_collective_from_its_own_node_and_both_go_back_out(
+    slurm_ctl: CliSlurm, tmp_path: Path
+) -> None:
+    """With a healthy peer (here node3, drained as a second spare), one process runs on each
+    node, so the collective crosses between them; both are reserved, resumed and drained
+    back with their own reasons."""
+    peer_reason = "recover: spare (peer)"
+    slurm_ctl.run(["scontrol", "update", "NodeName=node3", "State=DRAIN", f"Reason={peer_reason}"])
+    outcome = SlurmBurnIn(slurm_ctl, tmp_path / "burn").run(
+        "spare1", 240, SPARE_REASON, peer=("node3", peer_reason)
+    )
+    assert outcome.ok, outcome
+    assert outcome.detail.endswith(", one on spare1 and one on the peer node3"), outcome
+    assert slurm_ctl.job(outcome.job_id).nodes == ("node3", "spare1")
+    for name, reason in (("spare1", SPARE_REASON), ("node3", peer_reason)):
+        node = slurm_ctl.node(name)
+        assert node.drained, node
+        assert node.reason == reason
+    assert RESERVATION_PREFIX not in _reservations(slurm_ctl)
+
+
 def test_a_node_whose_slurmd_is_gone_fails_in_its_budget_and_stays_out(
     slurm_ctl: CliSlurm, slurm_cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -70,11 +91,12 @@ from slurm.jobstep import JobSteps
 steps = JobSteps.from_env()
 nodes = steps.job_nodes()
 spare = [n for n in nodes if n != os.environ["SLURMD_NODENAME"]][0]
-good = steps.burn_in(spare, 180)
+good = steps.burn_in(spare, 180, peer=os.environ["SLURMD_NODENAME"])
 bad = steps.burn_in(spare, 1.5)  # JAX alone takes longer to start
 steps.hold(spare, "recover: check failed: burn-in: " + bad.detail[:60])
 steps.release([n for n in nodes if n != spare])
-print(json.dumps({"spare": spare, "good": list(good), "bad": list(bad), "left": steps.job_nodes()}))
+print(json.dumps({"spare": spare, "host": os.environ["SLURMD_NODENAME"], "good": list(good),
+                  "bad": list(bad), "left": steps.job_nodes()}))
 """
 
 
@@ -103,6 +125,7 @@ def test_a_spare_inside_a_job_is_burned_in_by_a_step_and_held_when_it_fails(
     ok, detail, _job, took = doc["good"]
     assert ok, detail
     assert "2 process(es), product and collective right" in detail
+    assert detail.endswith(f", one on {doc['spare']} and one on {doc['host']}"), detail
     assert took > 0
     failed, said, _job, _took = doc["bad"]
     assert not failed
@@ -111,3 +134,23 @@ def test_a_spare_inside_a_job_is_burned_in_by_a_step_and_held_when_it_fails(
     assert spare.drained
     assert spare.reason.startswith("recover: check failed: burn-in: did not finish"), spare
     assert doc["spare"] not in doc["left"]
+
+
+def test_a_burn_in_left_by_a_killed_coordinator_is_put_back_node_by_node(
+    slurm_ctl: CliSlurm, tmp_path: Path
+) -> None:
+    """A coordinator killed mid-burn-in leaves the reservation and its nodes resumed: the
+    next start drains each node of the reservation with its journaled reason (the peer's
+    too) and deletes it."""
+    burn = SlurmBurnIn(slurm_ctl, tmp_path / "burn")
+    slurm_ctl.run(["scontrol", "update", "NodeName=node3", "State=DRAIN", "Reason=recover: x"])
+    burn._reserve(RESERVATION_PREFIX + "spare1", ["spare1", "node3"], 60)
+    for name in ("spare1", "node3"):
+        slurm_ctl.resume(name)
+    assert not slurm_ctl.node("spare1").drained
+    put_back = burn.cleanup({"node3": "recover: spare (peer)"})
+    assert sorted(put_back) == ["node3", "spare1"]
+    assert slurm_ctl.node("spare1").reason == SPARE_REASON  # none journaled: a spare
+    assert slurm_ctl.node("node3").reason == "recover: spare (peer)"
+    assert all(slurm_ctl.node(n).drained for n in ("spare1", "node3"))
+    assert RESERVATION_PREFIX not in _reservations(slurm_ctl)

@@ -147,13 +147,23 @@ class FakeBurnIn:
         self.runs: list[tuple[str, float, str]] = []
         self.claims: NodeClaims | None = None
         self.held_by: list[str | None] = []
+        self.peers: list[tuple[str, str] | None] = []
+        self.peer_held_by: list[str | None] = []
 
     def run(
-        self, node: str, budget_s: float, restore_reason: str, expect_devices: int | None = None
+        self,
+        node: str,
+        budget_s: float,
+        restore_reason: str,
+        expect_devices: int | None = None,
+        peer: tuple[str, str] | None = None,
     ) -> BurnInOutcome:
         self.runs.append((node, budget_s, restore_reason))
+        self.peers.append(peer)
         if self.claims is not None:
             self.held_by.append(self.claims.holder(node))
+            if peer is not None:
+                self.peer_held_by.append(self.claims.holder(peer[0]))
         return BurnInOutcome(self.ok, "burned" if self.ok else "the product was wrong", "7", 2.5)
 
     def cleanup(self, restore_reasons: Mapping[str, str]) -> list[str]:

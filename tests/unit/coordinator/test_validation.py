@@ -285,3 +285,27 @@ def test_a_look_judges_the_facts_now_and_journals_nothing(rig: Any) -> None:
     assert v.last("node2") is None
     with pytest.raises(UsageError, match=r"node9.*node1"):
         v.look("node9")
+
+
+def test_the_burn_in_takes_a_healthy_spare_as_its_peer_when_there_is_one(rig: Any) -> None:
+    """The collective runs with a peer: a spare whose check and burn-in passed within
+    max_age_s, claimed while the burn-in runs (so it is not promoted under it). With no such
+    spare the collective runs within the node, and the verdict says so."""
+    v = rig.validator()
+    rig.agents.beat("spare1")
+    rig.agents.beat("spare2")
+    first = v.check("spare2")
+    assert first.passed
+    assert rig.burn.peers == [None]  # spare1 was never checked: no peer
+    assert "the collective ran within the node" in first.results[-1].detail
+    second = v.check("spare1")
+    assert second.passed
+    assert rig.burn.peers[-1] == ("spare2", SPARE_REASON)
+    assert rig.burn.peer_held_by == ["burn-in peer of spare1"]
+    assert rig.claims.holder("spare2") is None  # released after
+    assert "within the node" not in second.results[-1].detail
+    rig.clock.advance(601)  # both burn-ins are stale now: no peer qualifies
+    rig.agents.beat("spare1")
+    rig.agents.beat("spare2")
+    v.check("spare1")
+    assert rig.burn.peers[-1] is None
