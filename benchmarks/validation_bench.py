@@ -1,9 +1,12 @@
 """What validating the spare adds to fault -> training again, on the real local cluster: the
-shipped ``xid79`` scenario (a GPU falls off the bus on the job's node; the spare replaces it)
-run three ways, N times each.
+shipped ``xid79`` scenario (a GPU falls off the bus on the job's node; a spare takes its place)
+run three ways, N times each, on the requeue path or inside the allocation.
 
     .venv/bin/python -m benchmarks.validation_bench [--runs 3] [--slurm 25.11]
-        [--way off --way fresh --way must-run] [--out DIR] [--json out.json]
+        [--path requeue|in-allocation] [--way off --way fresh --way must-run]
+        [--out DIR] [--json out.json]
+
+On the requeue path (the pool's spare is promoted):
 
 * ``off``: the shipped scenario (no validation: the spare is promoted because it is idle);
 * ``fresh``: the policy requires a check before a spare takes work, and one was made just
@@ -11,13 +14,21 @@ run three ways, N times each.
 * ``must-run``: the policy requires a check and none was made: the promotion asks for one
   (the cheap checks, then the burn-in job on the spare) and waits for it.
 
+Inside the allocation (``xid79 --mode in-allocation``: the job's own spare, its batch host,
+takes the lost node's place; the fault at step 60, after the supervisor's background burn-in):
+
+* ``off``: no validation (the supervisor does not check its spare);
+* ``fresh``: the policy requires checks: the relaunch asks the cheap checks again and goes
+  by the background burn-in;
+* ``must-run``: the policy requires checks with ``max_age_s: 1``: the background burn-in is
+  stale by the fault, so the relaunch runs a burn-in step on its path.
+
 From each run's report (``report.json``): **training again** (the fault -> the job's first
-step after the restart), **replacement** (the fault -> the spare promoted) and **check wait**
-(the promotion asking for the check -> the spare promoted). Printed: the p50 of each way, and
-what validation added against ``off`` (p50 of training again, and of replacement) beside the
-targets (issue 28: nothing with a fresh check, under 5 s when one must run). The in-allocation
-path is not measured: its job spares are not checked (docs/coordinator.md, "Validating
-nodes"). Needs root (the local cluster runs as root).
+step after the restart), **replacement** (the fault -> the pool's spare promoted) and **check
+wait** (requeue: the promotion asking for the check -> the spare promoted; in-allocation: the
+relaunch's checks). Printed: the p50 of each way, and what validation added against ``off``
+(p50 of training again, and of replacement) beside the targets (issue 28: nothing with a
+fresh check, under 5 s when one must run). Needs root (the local cluster runs as root).
 """
 
 from __future__ import annotations
@@ -39,12 +50,14 @@ TARGETS = {"fresh": 0.0, "must-run": 5.0}
 POLICY = {"validation": {"required": True, "accelerators": 8, "burn_in_budget_s": 120}}
 
 
-def scenario(way: str, directory: Path) -> Path:
-    """The xid79 scenario as ``way`` runs it, written to ``directory``."""
+def scenario(way: str, directory: Path, path: str = "requeue") -> Path:
+    """The xid79 scenario as ``way`` runs it on ``path``, written to ``directory``."""
     from scenarios.loader import find
 
     found = find("xid79")
     assert found.path is not None
+    if path == "in-allocation":
+        return _in_allocation(way, directory, found.scenario.in_mode(path))
     doc = yaml.safe_load(found.path.read_text())
     doc.pop("expect_in_allocation", None)
     doc["expect"].pop("phases", None)  # the bench measures; budgets are the tests'
@@ -58,14 +71,30 @@ def scenario(way: str, directory: Path) -> Path:
     if way == "fresh":
         check = {"operator": "check", "node": "spare1", "when": {"step": 5}, "expect": "accepted"}
         doc["faults"] = [check, *doc["faults"]]
-    path = directory / f"xid79-{way}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    file = directory / f"xid79-{way}.yaml"
+    file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return file
+
+
+def _in_allocation(way: str, directory: Path, moved: Any) -> Path:
+    doc = moved.model_dump(mode="json", exclude_unset=True)
+    doc.pop("expect_in_allocation", None)
+    doc["expect"] = {"max_requeues": 0, "verdicts": ["replace"]}
+    doc["faults"][0]["when"] = {"step": 60}  # after the supervisor's background burn-in
+    if way != "off":
+        policy = {"validation": {**POLICY["validation"]}}
+        if way == "must-run":
+            policy["validation"]["max_age_s"] = 1
+        doc["cluster"]["policy"] = policy
+    file = directory / f"xid79-in-allocation-{way}.yaml"
+    file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return file
 
 
 def one_run(way: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "recover", "scenario", "run", str(scenario(way, out.parent)),
+    file = scenario(way, out.parent, args.path)
+    cmd = [sys.executable, "-m", "recover", "scenario", "run", str(file),
            "--out", str(out), "--json", "--no-budgets", "--slurm", args.slurm]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
     result = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
@@ -83,7 +112,9 @@ def one_run(way: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     row.update(
         training_again_s=(marks["first_step"] - fault) if fault and "first_step" in marks else None,
         replacement_s=(inc.get("phases") or {}).get("replacement"),
-        check_wait_s=inc.get("check_wait_s"),
+        check_wait_s=inc.get(
+            "relaunch_check_wait_s" if args.path == "in-allocation" else "check_wait_s"
+        ),
         checks=[
             (c.get("spare"), c.get("verdict"), c.get("took_s"))
             for c in inc.get("spare_checks") or []
@@ -106,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--slurm", default="25.11")
     parser.add_argument("--way", action="append", choices=WAYS)
+    parser.add_argument("--path", choices=("requeue", "in-allocation"), default="requeue")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -114,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for i in range(args.runs):
         for way in ways:
-            row = one_run(way, base / f"{way}-{i}", args)
+            row = one_run(way, base / f"{args.path}-{way}-{i}", args)
             rows.append(row)
             print(f"  run {i + 1}/{args.runs} {way}: {json.dumps(row)}", file=sys.stderr)
-    print(f"validation on the requeue path, xid79, Slurm {args.slurm}, {args.runs} run(s) "
+    print(f"validation on the {args.path} path, xid79, Slurm {args.slurm}, {args.runs} run(s) "
           f"each (runs in {base})")  # fmt: skip
     by = {w: [r for r in rows if r["way"] == w] for w in ways}
     base_again = _p50(by.get("off", []), "training_again_s")

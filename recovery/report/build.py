@@ -179,6 +179,7 @@ def _incident(
     notes = _notes(inc, ph.fault_at)
     if asked is not None or checks:
         notes += (_checks_note(checks, check_wait, recovery_s),)
+    job_wait = None
     if ph.fault_at is not None:
         job_checks, job_wait = _job_spare_checks(run, ph.fault_at)
         if job_checks:
@@ -224,6 +225,7 @@ def _incident(
         supervisor=_supervisor_lines(run, ph.marks) if ph.supervised else (),
         check_wait_s=check_wait,
         spare_checks=checks,
+        relaunch_check_wait_s=job_wait,
     )
 
 

@@ -90,7 +90,11 @@ class IncidentReport:
     ``validation.required``: ``spare-checking`` -> ``spare-promoted``); None when it did
     not wait."""
     spare_checks: tuple[dict[str, Any], ...] = ()
-    """Every check of a spare the promotion waited on (the incident's ``spare_checks``)."""
+    """Every check of a spare the promotion waited on (the incident's ``spare_checks``), then
+    those the job's in-allocation supervisor made on the way to its relaunch."""
+    relaunch_check_wait_s: float | None = None
+    """How long the in-allocation supervisor's relaunch waited for its spares' checks (and
+    for holding out one that failed); None when it checked none on the way."""
 
     @property
     def ran_on(self) -> bool:

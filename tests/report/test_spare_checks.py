@@ -49,6 +49,8 @@ def test_the_job_supervisors_checks_on_the_way_to_its_relaunch_are_told(tmp_path
     (note,) = [n for n in inc.notes if n.startswith("the job's supervisor checked")]
     assert "node6 failed: agent in 0.1 s (its agent's last heartbeat is 10.5 s old" in note
     assert "the relaunch waited 0.6 s for the checks" in note
+    assert inc.relaunch_check_wait_s is not None
+    assert 0.5 < inc.relaunch_check_wait_s < 0.7
     assert inc.recovery_s is not None
     assert (
         "Relaunching on node6 unchecked would have cost another recovery like this one "
