@@ -15,7 +15,8 @@ On the requeue path (the pool's spare is promoted):
   (the cheap checks, then the burn-in job on the spare) and waits for it.
 
 Inside the allocation (``xid79 --mode in-allocation``: the job's own spare, its batch host,
-takes the lost node's place; the fault at step 60, after the supervisor's background burn-in):
+takes the lost node's place; the fault at step 60, after the supervisor's background burn-in;
+no pool spare, whose promotion the relaunch does not wait for):
 
 * ``off``: no validation (the supervisor does not check its spare);
 * ``fresh``: the policy requires checks: the relaunch asks the cheap checks again and goes
@@ -81,6 +82,10 @@ def _in_allocation(way: str, directory: Path, moved: Any) -> Path:
     doc.pop("expect_in_allocation", None)
     doc["expect"] = {"max_requeues": 0, "verdicts": ["replace"]}
     doc["faults"][0]["when"] = {"step": 60}  # after the supervisor's background burn-in
+    # No pool spare: the coordinator's own check of one (a burn-in job of two JAX processes)
+    # would run on this machine's two cores during the relaunch, which on a real cluster runs
+    # on the spare's own machine; the relaunch does not wait for it either way.
+    doc["cluster"]["spares"] = 0
     if way != "off":
         policy = {"validation": {**POLICY["validation"]}}
         if way == "must-run":
