@@ -46,6 +46,9 @@ SETTLE_S = 20.0
 ENDED_SETTLE_S = 15.0
 #: Seconds between full polls while a step trigger reads only the events file.
 LIGHT_FULL_S = 3.0
+#: The coordinator's token for the job's supervisor (its spares' checks), in the run
+#: directory while the job runs.
+TOKENS_NAME = "coordinator.tokens"
 #: Exit status of ``recover scenario run`` when the scenario ran but an expectation failed.
 EXPECTATION_FAILED = 10
 #: Seconds from the run's start (cluster bring-up included) to the job's first step before
@@ -164,6 +167,7 @@ def run(loaded: Loaded, opts: RunOptions) -> RunResult:
         seen = _observe(s, rig, rec, opts.cache, deadline, say)
     finally:
         _stop(rig, root, out, rec, say)
+        (out / TOKENS_NAME).unlink(missing_ok=True)  # the job no longer needs it
     result = _conclude(s, out, rec, seen, control, opts.enforce_budgets, t0)
     result.cluster_root = root
     return result
@@ -312,7 +316,7 @@ def _submit(s: Scenario, rig: Rig, rec: rundir.RunRecord, cache: Path, say: Say)
     out = rec.run_dir.parent
     spares = s.job.job_spares
     # The coordinator, for the job's supervisor to ask about its spares (read-only).
-    tokens = out / "coordinator.tokens"
+    tokens = out / TOKENS_NAME
     tokens.write_text(f"admin {rig.client.token}\n")
     tokens.chmod(0o600)
     export = f"--export=ALL,RECOVER_COORDINATOR={rig.client.url},RECOVER_TOKEN_FILE={tokens}"
