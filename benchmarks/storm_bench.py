@@ -3,8 +3,9 @@
 Run as root (see ``benchmarks/README.md``)::
 
     .venv/bin/python -m benchmarks.storm_bench [--nodes 256] [--spares 8] [--faulted 150]
-        [--agents 4] [--backend cli] [--runs 1] [--no-jobs] [--no-fake] [--seed 1]
-        [--deadline-s 60] [--dir DIR] [--json out.json]
+        [--agents 4] [--backend cli [--backend rest ...]] [--slurm auto|25.11|22.05]
+        [--runs 1] [--no-jobs] [--no-fake] [--seed 1] [--deadline-s 60] [--dir DIR]
+        [--json out.json]
 
 Each run starts, under a fresh temporary folder (``--dir``, default ``/tmp``): a local Slurm
 cluster of ``--nodes`` real slurmd plus ``--spares`` spares (:class:`slurm.cluster.LocalCluster`)
@@ -14,6 +15,11 @@ agent on ``--agents`` of the nodes about to fail. Then ``--faulted`` nodes (chos
 ``--seed``) fail with XID 79 at one instant: a kernel line is written into the kernel log each
 agent follows, and every other node's event is POSTed to the coordinator's intake with that
 node's own token, as its agent would send it.
+
+``--slurm`` picks the cluster's Slurm as ``recover cluster up --slurm`` does; ``--backend``
+given more than once runs the storms with each backend in turn (each on fresh clusters) and
+ends with a table of them side by side. Each run reports the cluster's start-up and what its
+processes (slurmctld, every slurmd, munged and the jobs) hold in memory.
 
 Measured per faulted node: fault -> DOWN, where DOWN is the stamp of slurmctld's own log line
 (``update_node: node X state set to DOWN``); beside it the coordinator's receipt -> take-down
@@ -32,7 +38,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +46,7 @@ from benchmarks.decision_bench import REFERENCE
 from benchmarks.decision_rig import Options as FakeOptions
 from benchmarks.decision_rig import Result as FakeResult
 from benchmarks.decision_rig import run_one as run_fake
-from benchmarks.storm_read import STAGES, nodes_of_update
+from benchmarks.storm_read import STAGES, nodes_of_update, summary
 from benchmarks.storm_rig import Rig, StormOptions, StormResult
 from recovery.errors import RecoverError
 from service import wiring
@@ -127,7 +133,8 @@ def report(
         healthy = opts.nodes - opts.faulted
         lines += [
             f"{tag}load average as the storm began {r.load[0]:g} / {r.load[1]:g} / {r.load[2]:g}; "
-            f"cluster up in {r.up_s:.1f} s, jobs running after {r.jobs_s:.1f} s",
+            f"cluster up in {r.up_s:.1f} s, jobs running after {r.jobs_s:.1f} s; its "
+            f"processes held {r.memory_mb:.0f} MiB",
             f"{tag}{_updates(r.updates)}",
             f"{tag}{len(r.faulted) - len(r.not_down)}/{len(r.faulted)} faulted nodes DOWN"
             + (f" (never: {', '.join(r.not_down)})" if r.not_down else "")
@@ -144,6 +151,28 @@ def report(
     return "\n".join(lines)
 
 
+def side_by_side(by_backend: dict[str, list[StormResult]]) -> str:
+    """Fault -> DOWN of every run of each backend, one row each, beside NVSentinel's."""
+    lines = [
+        "side by side: fault -> DOWN in slurmctld's log, every faulted node of every run",
+        f"{'backend':<12} {'runs':>4} {'nodes':>6} {'p50':>7} {'p99':>7} {'max':>7} "
+        f"{'vs NVSentinel p50, p99':>22} {'up (s)':>7} {'MiB':>7}",
+    ]
+    for backend, runs in by_backend.items():
+        if not runs:
+            lines.append(f"{backend:<12} {0:>4}  (did not run)")
+            continue
+        s = summary(v for r in runs for v in r.down_s)
+        lines.append(
+            f"{backend:<12} {len(runs):>4} {s['count']:>6} {_s(s['p50_s']):>7} "
+            f"{_s(s['p99_s']):>7} {_s(s['max_s']):>7} "
+            f"{_ratio(REFERENCE['p50_s'], s['p50_s']):>11} "
+            f"{_ratio(REFERENCE['p99_s'], s['p99_s']):>10} "
+            f"{max(r.up_s for r in runs):>7.1f} {max(r.memory_mb for r in runs):>7.0f}"
+        )
+    return "\n".join(lines)
+
+
 # --- command ---------------------------------------------------------------------------------
 
 
@@ -156,8 +185,14 @@ def parse(argv: Sequence[str] | None) -> tuple[StormOptions, argparse.Namespace]
     p.add_argument("--faulted", type=int, default=d.faulted, help="nodes failing at once")
     p.add_argument("--agents", type=int, default=d.agents,
                    help="of the faulted nodes, how many report through a real agent")  # fmt: skip
-    p.add_argument("--backend", default=d.backend, choices=wiring.SLURM_BACKENDS,
-                   help="how the coordinator reaches Slurm")  # fmt: skip
+    p.add_argument("--backend", action="append", choices=wiring.SLURM_BACKENDS,
+                   help="how the coordinator reaches Slurm; more than once: each in turn, "
+                        f"side by side [default: {d.backend}]")  # fmt: skip
+    p.add_argument(
+        "--slurm",
+        default=None,
+        help="the cluster's Slurm: auto, 25.11 or 22.05 [$RECOVER_SLURM, else auto]",
+    )
     p.add_argument("--runs", type=int, default=1, help="storms, each on a fresh cluster")
     p.add_argument("--no-jobs", action="store_true", help="idle nodes instead of a job each")
     p.add_argument("--no-fake", action="store_true", help="skip decision_bench's fake Slurm")
@@ -168,11 +203,15 @@ def parse(argv: Sequence[str] | None) -> tuple[StormOptions, argparse.Namespace]
                    help="where the temporary cluster goes (a short path)")  # fmt: skip
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
+    a.backend = list(dict.fromkeys(a.backend or [d.backend]))
     opts = StormOptions(nodes=a.nodes, spares=a.spares, faulted=a.faulted, agents=a.agents,
-                        backend=a.backend, jobs=not a.no_jobs, seed=a.seed,
+                        backend=a.backend[0], slurm=a.slurm, jobs=not a.no_jobs, seed=a.seed,
                         deadline_s=a.deadline_s)  # fmt: skip
     try:
         opts.check()
+        from slurm.install import choose
+
+        choose(a.slurm)
     except RecoverError as e:
         p.error(str(e))
     if a.runs < 1:
@@ -189,40 +228,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.geteuid() != 0:
         _say("storm_bench: run as root (munged runs as user munge, slurmd runs jobs)")
         return 2
-    runs: list[StormResult] = []
+    by_backend: dict[str, list[StormResult]] = {}
     leftovers: list[str] = []
-    for k in range(args.runs):
-        root = Path(tempfile.mkdtemp(prefix="storm-", dir=args.dir))
-        rig = Rig(opts, root, log=_say)
-        try:
-            with rig:
-                rig.start()
-                _say(f"run {k + 1}: the storm")
-                runs.append(rig.storm())
-        except (RecoverError, TimeoutError) as e:
-            _say(f"storm_bench: {e}")
-            return 2
-        finally:
-            leftovers += rig.leftovers
-            if leftovers:
-                _say(f"storm_bench: left running: {', '.join(leftovers)}")
-            shutil.rmtree(root, ignore_errors=True)
+    failed = False
+    for backend in args.backend:
+        mine = replace(opts, backend=backend)
+        runs = by_backend.setdefault(backend, [])
+        for k in range(args.runs):
+            root = Path(tempfile.mkdtemp(prefix="storm-", dir=args.dir))
+            rig = Rig(mine, root, log=_say)
+            try:
+                with rig:
+                    rig.start()
+                    _say(f"{backend} run {k + 1}: the storm")
+                    runs.append(rig.storm())
+            except (RecoverError, TimeoutError) as e:
+                _say(f"storm_bench: {backend}: {e}")
+                failed = True
+                break
+            finally:
+                leftovers += rig.leftovers
+                if leftovers:
+                    _say(f"storm_bench: left running: {', '.join(leftovers)}")
+                shutil.rmtree(root, ignore_errors=True)
     fake = None
     if not args.no_fake:
         _say("decision_bench's fake Slurm: the same storm")
         with tempfile.TemporaryDirectory(prefix="storm-fake-", dir=args.dir) as tmp:
             fake = fake_storm(opts, Path(tmp))
-    print(report(opts, runs, fake, leftovers))
+    for backend, runs in by_backend.items():
+        if runs:
+            print(report(replace(opts, backend=backend), runs, fake, leftovers) + "\n")
+    if len(by_backend) > 1:
+        print(side_by_side(by_backend))
     if args.json is not None:
         doc = {
             "options": asdict(opts),
+            "backends": args.backend,
             "reference": REFERENCE,
-            "runs": [asdict(r) for r in runs],
+            "runs": [asdict(r) for runs in by_backend.values() for r in runs],
             "decision_bench": None if fake is None else asdict(fake),
             "leftovers": leftovers,
         }
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    ok = all(not r.problems and not r.not_down for r in runs) and not leftovers
+    every = [r for runs in by_backend.values() for r in runs]
+    ok = not failed and all(not r.problems and not r.not_down for r in every) and not leftovers
     return 0 if ok else 1
 
 

@@ -53,6 +53,7 @@ from service.httpapi.auth import load_tokens
 from service.httpapi.client import Client, admin_token
 from slurm import procs, rest_slurm
 from slurm.cluster import LocalCluster
+from slurm.install import choose
 
 #: The fault every node of the storm reports: the GPU fell off the bus (verdict: replace).
 FAULT = "xid79"
@@ -74,6 +75,9 @@ class StormOptions:
     others are POSTed to the intake with their own tokens, as their agents would."""
     backend: str = "cli"
     """How the coordinator reaches Slurm (``recover coordinator serve --slurm-backend``)."""
+    slurm: str | None = None
+    """Which Slurm the cluster runs (``recover cluster up --slurm``: auto, 25.11, 22.05;
+    None: ``$RECOVER_SLURM``, else auto)."""
     jobs: bool = True
     """One job per compute node (False: idle nodes)."""
     seed: int = 1
@@ -100,7 +104,9 @@ class StormResult:
     faulted: list[str]
     via_agent: list[str]
     fault_to_down: dict[str, Any]
-    """Fault -> DOWN as slurmctld logged it, per faulted node."""
+    """Fault -> DOWN as slurmctld logged it, per faulted node (summarized)."""
+    down_s: list[float]
+    """The same, each faulted node's (sorted)."""
     receipt_to_takedown: dict[str, Any]
     """Receipt at the intake -> take-down recorded done, from the coordinator's incidents
     (what ``decision_bench`` measures)."""
@@ -120,8 +126,26 @@ class StormResult:
     """``scontrol --version`` of the cluster, e.g. ``slurm-wlm 22.05.8``."""
     up_s: float
     jobs_s: float
+    memory_mb: float
+    """What the cluster's processes (slurmctld, every slurmd, munged, the jobs) held in
+    memory (resident, MiB) once every job ran."""
     load: tuple[float, float, float]
     """The machine's load average (1, 5, 15 min) as the storm began."""
+
+
+def resident_mb(pids: set[int]) -> float:
+    """The resident memory of ``pids`` together (MiB, from ``/proc/PID/status``); a process
+    gone meanwhile counts nothing."""
+    total_kb = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("VmRSS:"):
+                total_kb += int(line.split()[1])
+    return round(total_kb / 1024, 1)
 
 
 def load_average() -> tuple[float, float, float]:
@@ -141,12 +165,14 @@ class Rig:
         self.opts, self.root, self._log = opts, root, log
         self.state = root / "slurm"
         self.coord_dir = bringup.coordinator_dir(self.state)
-        self.cluster = LocalCluster(self.state, jwt=opts.backend == "rest")
+        self.cluster = LocalCluster(
+            self.state, jwt=opts.backend == "rest", install=choose(opts.slurm)
+        )
         self.ctl = self.cluster.control()
         self.endpoint: Endpoint | None = None
         self.agent_pids: dict[str, int] = {}
         self.leftovers: list[str] = []
-        self.up_s = self.jobs_s = 0.0
+        self.up_s = self.jobs_s = self.memory_mb = 0.0
 
     def __enter__(self) -> Rig:
         return self
@@ -170,6 +196,8 @@ class Rig:
             self._run_jobs(info.nodes)
             self.jobs_s = time.monotonic() - began
             self._log(f"{len(info.nodes)} jobs running after {self.jobs_s:.1f} s")
+        self.memory_mb = resident_mb(procs.cluster_processes(str(self.state)))
+        self._log(f"the cluster's processes hold {self.memory_mb:.0f} MiB")
         self.endpoint = self._start_coordinator()
         self._log(f"coordinator at {self.endpoint.url}")
 
@@ -301,6 +329,7 @@ class Rig:
             faulted=sorted(faulted),
             via_agent=via_agent,
             fault_to_down=summary([downs[n] - fault_at for n in faulted if n in downs]),
+            down_s=sorted(round(downs[n] - fault_at, 4) for n in faulted if n in downs),
             receipt_to_takedown=summary(taken),
             post_answered=summary([at - fault_at for _, at in answers.values()]),
             promoted=summary(at - fault_at for at in promotions(incidents).values()),
@@ -311,6 +340,7 @@ class Rig:
             slurm=self.ctl.run(["scontrol", "--version"]).strip(),
             up_s=self.up_s,
             jobs_s=self.jobs_s,
+            memory_mb=self.memory_mb,
             load=load,
         )
 
