@@ -38,6 +38,7 @@ from service.httpapi.auth import Principal, TokenTable
 from service.httpapi.fastpath import ClientGone, EventIntake, ServiceApp
 from service.httpapi.intake import GroupCommitter
 from service.httpapi.metrics import LatencyMiddleware, ServiceMetrics
+from service.httpapi.workmetrics import StateCollector, WorkMetrics
 
 API_VERSION = "1"
 _SCHEME = "bearer"
@@ -69,6 +70,7 @@ def create_app(
     max_body_bytes: int = 1_000_000,
     metrics_need_token: bool = False,
     agents: AgentChannel | None = None,
+    work: WorkMetrics | None = None,
 ) -> ServiceApp:
     """The API (a FastAPI app) over ``journal`` and ``coordinator``, authenticated by
     ``tokens``.
@@ -77,12 +79,18 @@ def create_app(
     ``/metrics`` asks for a token too (off by default: the server listens on loopback).
     ``agents``: the heartbeat tracker and command broker of the agent routes
     (:mod:`service.httpapi.agents_api`; a fresh one when None), also at ``app.state.agents``.
+    ``work``: the coordinator's work metrics (those of the :class:`MeteredJournal` that
+    ``journal`` should then be), exported at ``/metrics`` with what the coordinator has now.
     The app owns one writer thread for group commit, stopped at lifespan shutdown.
     """
     metrics = ServiceMetrics(
         open_incidents=lambda: len(journal.incidents(open_only=True)),
         held_actions=lambda: len(journal.held_actions()),
     )
+    if work is not None:
+        work.register(metrics.registry)
+        state = StateCollector(lambda: journal.incidents(open_only=True), coordinator.status)
+        metrics.registry.register(state)
 
     def observe(events: int, requests: int) -> None:
         metrics.commit_events.observe(events)

@@ -30,6 +30,7 @@ from service.httpapi.agents_api import AgentChannel
 from service.httpapi.app import create_app
 from service.httpapi.auth import generate_tokens, load_tokens
 from service.httpapi.server import free_port, serve
+from service.httpapi.workmetrics import MeteredJournal, WorkMetrics
 from service.journaldb.journal import SqliteJournal
 from service.startup.checks import CommandCheck
 from service.startup.kubewatch import NodeWatch
@@ -93,7 +94,9 @@ def run_coordinator(
         tokens = generate_tokens(tokens_path, [n.name for n in slurm.nodes()])
         log(f"coordinator: generated tokens for {len(tokens.nodes())} nodes in {tokens_path}")
     clock = SystemClock()
-    journal = SqliteJournal(d / JOURNAL_FILE, clock)
+    store = SqliteJournal(d / JOURNAL_FILE, clock)
+    work = WorkMetrics()
+    journal = MeteredJournal(store, work)  # every write counted for /metrics
     dry_run = opts.dry_run or config.dry_run
     agents = AgentChannel.default(clock, catalogue.known(), config.progress)
     rules = Rules(config, catalogue)
@@ -114,7 +117,9 @@ def run_coordinator(
         agents=agents.heartbeats,
         burn_in=burn_in_runner(opts.slurm_conf, env, opts.slurm_access, d / "burn-in", log),
     )
-    app = create_app(journal=journal, tokens=tokens, coordinator=engine, clock=clock, agents=agents)
+    app = create_app(
+        journal=journal, tokens=tokens, coordinator=engine, clock=clock, agents=agents, work=work
+    )
     engine.start()
     watch = None
     if nodes is not None:
@@ -137,6 +142,6 @@ def run_coordinator(
         if watch is not None:
             watch.stop()
         engine.stop()
-        journal.close()
+        store.close()
         (d / ENDPOINT_FILE).unlink(missing_ok=True)
         log("coordinator: stopped")

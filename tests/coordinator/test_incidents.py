@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from recovery.ports.slurm import JobInfo
 from slurm.cli_slurm import CliSlurm
@@ -69,6 +71,16 @@ def test_xid79_node_replaced_by_the_spare_and_training_ends_bit_exact(
         f"update NodeName={node} State=DOWN Reason=recover: xid79 GPU has fallen off the bus",
         "update NodeName=spare1 State=RESUME",
     ]
+    # The work as /metrics tells it (the real coordinator's metering journal).
+    text = httpx.get(f"{coordinator.client.url}/metrics", timeout=10).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+    assert samples[("recover_decisions_total", (("fault", "xid79"), ("verdict", "replace")))] == 1
+    assert samples[("recover_actions_total", (("kind", "down"), ("outcome", "done")))] == 1
+    assert samples[("recover_actions_total", (("kind", "promote"), ("outcome", "done")))] == 1
+    assert samples[("recover_incident_phase_seconds_count", (("phase", "job-running"),))] == 1
+    assert samples[("recover_incidents_closed_total", ())] == 1
+    assert samples[("recover_spares_ready", ())] == 0  # spare1 took the job
 
 
 @pytest.mark.slow
