@@ -81,6 +81,16 @@ def parse_cmd(
     typer.echo(text)
 
 
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port); UsageError naming the form otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise UsageError(
+            f"Invalid --metrics-listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9470"
+        )
+    return host.strip("[]"), int(port)  # [::1]:9470 names the IPv6 host ::1
+
+
 def agent_config(
     *,
     node: str,
@@ -97,6 +107,7 @@ def agent_config(
     kmsg_from: str = "auto",
     tpu_workload_dir: Path = DEFAULT_DIR,
     progress_registry: Path | None = None,
+    metrics_listen: str | None = None,
 ) -> AgentConfig:
     """The agent's settings from ``recover agent run``'s options. Raises UsageError naming
     what is valid (sources, bus ids, the token file's form)."""
@@ -121,6 +132,7 @@ def agent_config(
         kmsg_interval_s=kmsg_interval_s,
         buses=buses,
         simulated_gpus=simulated_gpus,
+        metrics_listen=parse_listen(metrics_listen) if metrics_listen else None,
         dedup_window_s=dedup_window_s,
         heartbeat_s=heartbeat_s,
         kmsg_from=kmsg_from,
@@ -176,6 +188,14 @@ def run_cmd(
             "[$RECOVER_PROGRESS_REGISTRY, else /run/recover/progress]."
         ),
     ] = None,
+    metrics_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve the agent's Prometheus metrics on HOST:PORT (/metrics): events "
+            "detected by source, spool depth, seconds since the last delivery and the last "
+            "heartbeat answer. [default: not served]"
+        ),
+    ] = None,
 ) -> None:
     """Run the node agent until SIGTERM: detect, spool, deliver, heartbeat, obey commands."""
     config = agent_config(
@@ -193,6 +213,7 @@ def run_cmd(
         kmsg_from=kmsg_from,
         tpu_workload_dir=tpu_workload_dir,
         progress_registry=progress_registry,
+        metrics_listen=metrics_listen,
     )
     run_agent(Agent(config, log=_log))
 

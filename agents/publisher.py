@@ -96,6 +96,8 @@ class Stats:
     requests: int = 0
     failures: int = 0
     last_error: str = ""
+    delivered_at: float | None = None
+    """When (monotonic seconds) a batch was last delivered: accepted or known already."""
 
 
 @dataclass
@@ -170,6 +172,7 @@ class Publisher:
             raise
         except Refused as e:
             return self._refused(batch, e)
+        self.stats.delivered_at = time.monotonic()
         done = 0
         for eid in (*reply.accepted, *reply.duplicates):
             done += self.spool.ack(eid)

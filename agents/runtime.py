@@ -36,6 +36,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ from agents.ids import read_boot_id
 from agents.inject import Injector
 from agents.journald import JournaldSource
 from agents.link import CoordinatorLink, Refused
+from agents.metrics import AgentMetrics
 from agents.publisher import REJECTED_DIR, Publisher, RejectedStore
 from agents.readmark import MARK_FILES, Mark, MarkFile
 from agents.spool import Spool
@@ -110,6 +112,8 @@ class AgentConfig:
     simulated_gpus: int = 0
     """GPUs a local (simulated) node says it has in its heartbeats' ``accelerators`` (NVML's
     count replaces it where NVML runs)."""
+    metrics_listen: tuple[str, int] | None = None
+    """Where to serve the agent's ``/metrics`` (:mod:`agents.metrics`); None: nowhere."""
 
     def __post_init__(self) -> None:
         if self.kmsg_from not in KMSG_FROM:
@@ -172,6 +176,13 @@ class Agent:
         self.accelerators = (
             AcceleratorSummary("simulated", simulated) if simulated else AcceleratorSummary()
         )
+        self.beat_at: float | None = None
+        """When (monotonic seconds) the coordinator last answered a heartbeat."""
+        self.metrics = AgentMetrics(
+            spooled=lambda: len(self.spool),
+            last_post=lambda: self.publisher.stats.delivered_at,
+            last_beat=lambda: self.beat_at,
+        )
 
     def emit(self, event: HealthEvent) -> None:
         """Hand ``event`` to the pipeline (thread-safe; what sources call)."""
@@ -199,6 +210,10 @@ class Agent:
             f"agent {cfg.node}: sources {','.join(cfg.sources)}; spool {cfg.spool_dir} "
             f"({len(self.spool)} event(s) waiting); coordinator {cfg.coordinator}"
         )
+        if cfg.metrics_listen is not None:
+            self.metrics.serve(*cfg.metrics_listen)
+            self.log(f"agent {cfg.node}: metrics at http://{cfg.metrics_listen[0]}:"
+                     f"{cfg.metrics_listen[1]}/metrics")  # fmt: skip
         sources_stop, service_stop = threading.Event(), threading.Event()
         sources = self._start_sources(sources_stop, service_stop)
         self._start("publisher", lambda: self.publisher.run(service_stop, self._wake))
@@ -236,6 +251,7 @@ class Agent:
     def _settle(self, item: _Item) -> None:
         event, done, marked = item
         self.accelerators.saw(event)
+        self.metrics.detected.labels(str(event.source)).inc()
         spooled = self._spool(self.dedup.offer(event))
         if marked is not None:
             marks, mark = marked
@@ -398,6 +414,7 @@ class Agent:
             try:
                 said_now = {"spooled": len(self.spool), "accelerators": self.accelerators.to_json()}
                 answer = self.link.heartbeat(self.config.version, said_now)
+                self.beat_at = time.monotonic()
                 said = False
                 if self._progress is not None and isinstance(answer.get("progress"), dict):
                     self._progress.use_site_budgets(answer["progress"])

@@ -159,3 +159,39 @@ def test_a_fault_logged_before_the_agent_is_reported_once_and_restarts_repeat_no
         ("xid79", 0), ("xid48", 1), ("xid95", 2)
     ]  # fmt: skip
     assert live.duplicates() == 0, "a restart sent a line again"
+
+
+def test_the_agents_metrics_tell_what_it_detected_spooled_and_delivered(
+    live: LiveCoordinator, agents: Start
+) -> None:
+    """``--metrics-listen``: detected by source, the spool's depth, and how long ago events
+    were delivered and a heartbeat answered, as Prometheus reads them; a coordinator outage
+    shows as a spool that grows and a delivery age that keeps growing."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from recovery.proc import free_ports
+
+    (port,) = free_ports(1)
+    agent = agents("n1", "--simulated-gpus", "4", "--metrics-listen", f"127.0.0.1:{port}")
+
+    def scrape() -> dict[tuple[str, str], float]:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        return {(s.name, s.labels.get("source", "")): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+
+    agent.write_lines(fault_lines([(79, 0), (48, 1)]))
+    wait_for(lambda: len(live.stored_ids()) == 2, "both events delivered")
+    wait_for(lambda: scrape().get(("recover_agent_heartbeat_age_seconds", ""), 99) < 5,
+             "a heartbeat answered")  # fmt: skip
+    got = scrape()
+    assert got[("recover_agent_events_detected_total", "kmsg")] == 2
+    assert got[("recover_agent_spool_events", "")] == 0
+    assert 0 <= got[("recover_agent_last_post_age_seconds", "")] < 30
+    live.stop()
+    agent.write_lines(fault_lines([(79, 2)], t0=200.0))
+    wait_for(lambda: scrape()[("recover_agent_spool_events", "")] == 1, "the event spooled")
+    before = scrape()[("recover_agent_last_post_age_seconds", "")]
+    wait_for(lambda: scrape()[("recover_agent_last_post_age_seconds", "")] > before + 1,
+             "the delivery age to grow while the coordinator is away")  # fmt: skip
+    assert scrape()[("recover_agent_events_detected_total", "kmsg")] == 3

@@ -100,3 +100,14 @@ def test_the_typer_command() -> None:
     result = runner.invoke(app, ["parse", str(INCIDENT), "--json", "--window", "30"])
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.output)) == 5
+
+
+def test_the_metrics_address_is_host_and_port() -> None:
+    from agents.cli import parse_listen
+    from recovery.errors import UsageError
+
+    assert parse_listen("127.0.0.1:9470") == ("127.0.0.1", 9470)
+    assert parse_listen("[::1]:9470") == ("::1", 9470)
+    for bad in ("9470", "host:", ":9470", "host:0", "host:70000", "host:http"):
+        with pytest.raises(UsageError, match=r"expected HOST:PORT, e\.g\. 127\.0\.0\.1:9470"):
+            parse_listen(bad)
