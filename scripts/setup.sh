@@ -43,6 +43,23 @@ if ((${#need_apt[@]})); then
   as_root apt-get update -q
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
 fi
+# Prometheus' promtool checks the coordinator's and the agent's scrapes; the server itself is
+# never started here (a policy-rc.d keeps its package from starting it, and its recommends,
+# node-exporter among them, are left out).
+if ! command -v promtool >/dev/null; then
+  echo "== installing Debian's prometheus (for promtool)"
+  ((${#need_apt[@]})) || as_root apt-get update -q
+  policy=/usr/sbin/policy-rc.d
+  made_policy=
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+    as_root chmod +x "$policy"
+    made_policy=1
+  fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    prometheus
+  [[ -z $made_policy ]] || as_root rm -f "$policy"
+fi
 
 if [[ ! -x .venv/bin/python ]]; then
   echo "== creating .venv"

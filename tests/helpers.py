@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,3 +126,13 @@ def flip_a_byte(checkpoints: Path, step: int) -> None:
     raw = bytearray(data.read_bytes())
     raw[0] ^= 0xFF
     data.write_bytes(bytes(raw))
+
+
+def promtool_passes(text: str) -> None:
+    """Prometheus' own linter (``promtool check metrics``: names, units, suffixes, help)
+    finds nothing in the scrape ``text``. scripts/setup.sh installs Debian's promtool."""
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool is missing: run ./scripts/setup.sh --no-demo"
+    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -171,6 +171,7 @@ def test_the_agents_metrics_tell_what_it_detected_spooled_and_delivered(
     from prometheus_client.parser import text_string_to_metric_families
 
     from recovery.proc import free_ports
+    from tests.helpers import promtool_passes
 
     (port,) = free_ports(1)
     agent = agents("n1", "--simulated-gpus", "4", "--metrics-listen", f"127.0.0.1:{port}")
@@ -195,3 +196,4 @@ def test_the_agents_metrics_tell_what_it_detected_spooled_and_delivered(
     wait_for(lambda: scrape()[("recover_agent_last_post_age_seconds", "")] > before + 1,
              "the delivery age to grow while the coordinator is away")  # fmt: skip
     assert scrape()[("recover_agent_events_detected_total", "kmsg")] == 3
+    promtool_passes(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text)

@@ -18,6 +18,7 @@ from service.httpapi.app import create_app
 from service.httpapi.server import ServerThread
 from service.httpapi.workmetrics import MeteredJournal, StateCollector, WorkMetrics
 from service.journaldb.journal import SqliteJournal
+from tests.helpers import promtool_passes
 from tests.service.helpers import FakeCoordinator, event, replace_decision, tokens
 
 
@@ -135,3 +136,4 @@ def test_the_scrape_serves_the_work_beside_the_intake(tmp_path: Path) -> None:
         assert name in families, sorted(families)
     (sample,) = [s for s in families["recover_open_incidents_by_fault"].samples]
     assert (sample.labels, sample.value) == ({"fault": "xid79"}, 1.0)
+    promtool_passes(text)
