@@ -122,6 +122,16 @@ class MeteredJournal:
     def get_meta(self, key: str) -> str | None:
         return self._journal.get_meta(key)
 
+    def events_by_id(self, ids: Sequence[str]) -> list[StoredEvent]:
+        """The stored events among ``ids``: the journal's own lookup where it has one (an
+        incident's page asks for them), else read from its history."""
+        lookup = getattr(self._journal, "events_by_id", None)
+        if callable(lookup):
+            found: list[StoredEvent] = lookup(ids)
+            return found
+        wanted = set(ids)
+        return [s for s, _ in self._journal.history() if s.event.id in wanted]
+
     @contextmanager
     def _timed(self, write: str) -> Iterator[None]:
         start = time.perf_counter()

@@ -19,7 +19,14 @@ from service.httpapi.server import ServerThread
 from service.httpapi.workmetrics import MeteredJournal, StateCollector, WorkMetrics
 from service.journaldb.journal import SqliteJournal
 from tests.helpers import promtool_passes
-from tests.service.helpers import FakeCoordinator, event, replace_decision, tokens
+from tests.service.helpers import (
+    ADMIN_TOKEN,
+    FakeCoordinator,
+    auth,
+    event,
+    replace_decision,
+    tokens,
+)
 
 
 def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -125,6 +132,8 @@ def test_the_scrape_serves_the_work_beside_the_intake(tmp_path: Path) -> None:
     try:
         with ServerThread(app) as server, httpx.Client(base_url=server.url) as client:
             text = client.get("/metrics").text
+            # An incident's page still finds its events through the metering journal.
+            page = client.get("/v1/incidents/inc-7", headers=auth(ADMIN_TOKEN)).json()
     finally:
         store.close()
     families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -136,4 +145,5 @@ def test_the_scrape_serves_the_work_beside_the_intake(tmp_path: Path) -> None:
         assert name in families, sorted(families)
     (sample,) = [s for s in families["recover_open_incidents_by_fault"].samples]
     assert (sample.labels, sample.value) == ({"fault": "xid79"}, 1.0)
+    assert [e["event"]["id"] for e in page["events"]] == ["ev-7"]
     promtool_passes(text)
