@@ -167,7 +167,8 @@ def spare_vetting(
         journal("spares-unchecked", why="--check-spares never")
         return None
     try:
-        client: Client | None = replace(Client.locate(url, token_file, None), timeout_s=5.0)
+        # A relaunch asks it about its spares: a coordinator that hangs costs at most this.
+        client: Client | None = replace(Client.locate(url, token_file, None), timeout_s=2.0)
     except RecoverError as e:
         client, said = None, str(e)
     policy, said = site_policy(client, batch_host) if client is not None else (None, said)
