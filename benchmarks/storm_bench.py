@@ -16,7 +16,8 @@ agent on ``--agents`` of the nodes about to fail. Then ``--faulted`` nodes (chos
 agent follows, and every other node's event is POSTed to the coordinator's intake with that
 node's own token, as its agent would send it.
 
-``--slurm`` picks the cluster's Slurm as ``recover cluster up --slurm`` does; ``--backend``
+``--slurm`` picks the cluster's Slurm as ``recover cluster up --slurm`` does (without it,
+Debian's 22.05, as every storm measured before the option); ``--backend``
 given more than once runs the storms with each backend in turn (each on fresh clusters) and
 ends with a table of them side by side. Each run reports the cluster's start-up and what its
 processes (slurmctld, every slurmd, munged and the jobs) hold in memory.
@@ -191,7 +192,7 @@ def parse(argv: Sequence[str] | None) -> tuple[StormOptions, argparse.Namespace]
     p.add_argument(
         "--slurm",
         default=None,
-        help="the cluster's Slurm: auto, 25.11 or 22.05 [$RECOVER_SLURM, else auto]",
+        help="the cluster's Slurm: auto, 25.11 or 22.05 [default: Debian's 22.05]",
     )
     p.add_argument("--runs", type=int, default=1, help="storms, each on a fresh cluster")
     p.add_argument("--no-jobs", action="store_true", help="idle nodes instead of a job each")
@@ -211,7 +212,8 @@ def parse(argv: Sequence[str] | None) -> tuple[StormOptions, argparse.Namespace]
         opts.check()
         from slurm.install import choose
 
-        choose(a.slurm)
+        if a.slurm is not None:
+            choose(a.slurm)
     except RecoverError as e:
         p.error(str(e))
     if a.runs < 1:

@@ -77,7 +77,7 @@ class StormOptions:
     """How the coordinator reaches Slurm (``recover coordinator serve --slurm-backend``)."""
     slurm: str | None = None
     """Which Slurm the cluster runs (``recover cluster up --slurm``: auto, 25.11, 22.05;
-    None: ``$RECOVER_SLURM``, else auto)."""
+    None: Debian's 22.05, as every storm measured before the option)."""
     jobs: bool = True
     """One job per compute node (False: idle nodes)."""
     seed: int = 1
@@ -165,9 +165,8 @@ class Rig:
         self.opts, self.root, self._log = opts, root, log
         self.state = root / "slurm"
         self.coord_dir = bringup.coordinator_dir(self.state)
-        self.cluster = LocalCluster(
-            self.state, jwt=opts.backend == "rest", install=choose(opts.slurm)
-        )
+        install = choose(opts.slurm) if opts.slurm is not None else None
+        self.cluster = LocalCluster(self.state, jwt=opts.backend == "rest", install=install)
         self.ctl = self.cluster.control()
         self.endpoint: Endpoint | None = None
         self.agent_pids: dict[str, int] = {}
