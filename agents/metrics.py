@@ -1,14 +1,14 @@
 """The agent's own metrics (``recover agent run --metrics-listen HOST:PORT``): what it
 detected by source, what waits in its spool, and how long ago it last delivered events and
 last had a heartbeat answered. A registry of its own, served by prometheus_client's HTTP
-server on a thread."""
+server on a thread. prometheus_client (the agent extra has it) is imported only when metrics
+are asked for: ``recover`` imports the agent's modules in every install, the training one
+too."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 #: Reported while something never happened (no delivery, no heartbeat answer yet).
 NEVER = float("nan")
@@ -26,6 +26,8 @@ class AgentMetrics:
         last_beat: Callable[[], float | None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.detected = Counter(
@@ -58,4 +60,6 @@ class AgentMetrics:
 
     def serve(self, host: str, port: int) -> None:
         """Serve ``/metrics`` on ``host:port`` from a daemon thread."""
+        from prometheus_client import start_http_server
+
         start_http_server(port, addr=host, registry=self.registry)

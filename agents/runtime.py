@@ -178,11 +178,14 @@ class Agent:
         )
         self.beat_at: float | None = None
         """When (monotonic seconds) the coordinator last answered a heartbeat."""
-        self.metrics = AgentMetrics(
-            spooled=lambda: len(self.spool),
-            last_post=lambda: self.publisher.stats.delivered_at,
-            last_beat=lambda: self.beat_at,
-        )
+        self.metrics: AgentMetrics | None = None
+        """Counted only when served (``metrics_listen``)."""
+        if config.metrics_listen is not None:
+            self.metrics = AgentMetrics(
+                spooled=lambda: len(self.spool),
+                last_post=lambda: self.publisher.stats.delivered_at,
+                last_beat=lambda: self.beat_at,
+            )
 
     def emit(self, event: HealthEvent) -> None:
         """Hand ``event`` to the pipeline (thread-safe; what sources call)."""
@@ -210,7 +213,7 @@ class Agent:
             f"agent {cfg.node}: sources {','.join(cfg.sources)}; spool {cfg.spool_dir} "
             f"({len(self.spool)} event(s) waiting); coordinator {cfg.coordinator}"
         )
-        if cfg.metrics_listen is not None:
+        if cfg.metrics_listen is not None and self.metrics is not None:
             self.metrics.serve(*cfg.metrics_listen)
             self.log(f"agent {cfg.node}: metrics at http://{cfg.metrics_listen[0]}:"
                      f"{cfg.metrics_listen[1]}/metrics")  # fmt: skip
@@ -251,7 +254,8 @@ class Agent:
     def _settle(self, item: _Item) -> None:
         event, done, marked = item
         self.accelerators.saw(event)
-        self.metrics.detected.labels(str(event.source)).inc()
+        if self.metrics is not None:
+            self.metrics.detected.labels(str(event.source)).inc()
         spooled = self._spool(self.dedup.offer(event))
         if marked is not None:
             marks, mark = marked
