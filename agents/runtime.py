@@ -56,7 +56,7 @@ from agents.publisher import REJECTED_DIR, Publisher, RejectedStore
 from agents.readmark import MARK_FILES, Mark, MarkFile
 from agents.spool import Spool
 from recovery.contract.workload import DEFAULT_DIR, any_registered
-from recovery.errors import TransientError, unknown_choice
+from recovery.errors import TransientError, UsageError, unknown_choice
 from recovery.model import HealthEvent
 from recovery.ports.clock import Clock, SystemClock
 from recovery.progress.registry import registry_dir
@@ -214,7 +214,11 @@ class Agent:
             f"({len(self.spool)} event(s) waiting); coordinator {cfg.coordinator}"
         )
         if cfg.metrics_listen is not None and self.metrics is not None:
-            self.metrics.serve(*cfg.metrics_listen)
+            host, port = cfg.metrics_listen
+            try:
+                self.metrics.serve(host, port)
+            except OSError as e:  # the port is taken, the address is not this host's
+                raise UsageError(f"--metrics-listen {host}:{port}: cannot serve there: {e}") from e
             self.log(f"agent {cfg.node}: metrics at http://{cfg.metrics_listen[0]}:"
                      f"{cfg.metrics_listen[1]}/metrics")  # fmt: skip
         sources_stop, service_stop = threading.Event(), threading.Event()

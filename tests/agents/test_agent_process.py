@@ -197,3 +197,18 @@ def test_the_agents_metrics_tell_what_it_detected_spooled_and_delivered(
              "the delivery age to grow while the coordinator is away")  # fmt: skip
     assert scrape()[("recover_agent_events_detected_total", "kmsg")] == 3
     promtool_passes(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text)
+
+
+def test_a_metrics_port_that_is_taken_is_a_clear_error(
+    live: LiveCoordinator, agents: Start
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        agent = agents("n1", "--metrics-listen", f"127.0.0.1:{port}")
+        wait_for(lambda: not agent.alive(), "the agent to refuse the address")
+    assert f"--metrics-listen 127.0.0.1:{port}: cannot serve there" in agent.log()
+    assert "Traceback" not in agent.log()
