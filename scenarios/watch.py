@@ -1,5 +1,6 @@
-"""Watching a scenario run: the job's ``events.jsonl``, the coordinator's incidents and the
-job's Slurm state, polled; every new thing becomes one progress line as it happens.
+"""Watching a scenario run: the job's ``events.jsonl``, its supervisor's journal (an
+in-allocation job's ``supervisor-<job>.jsonl``), the coordinator's incidents and the job's
+Slurm state, polled; every new thing becomes one progress line as it happens.
 
 Each source is polled at its own pace (the events file on every poll: it is a local read;
 incidents every 0.5 s, Slurm every second: each is a request or a subprocess on a machine the
@@ -50,8 +51,10 @@ class Watcher:
     first_step_seen: float | None = None
     """When (``clock``) the first training step was read; ``after_s`` of a first entry
     counts from here."""
-    _offset: int = 0
-    _partial: bytes = b""
+    supervisor: list[dict[str, Any]] = field(default_factory=list)
+    """The supervisor's journal so far (an in-allocation job's; [] for the others)."""
+    _events: _Lines | None = None
+    _journal: _Lines | None = None
     _shown: set[tuple[str, str]] = field(default_factory=set)
     _next_incidents: float = 0.0
     _next_job: float = 0.0
@@ -75,26 +78,20 @@ class Watcher:
         self._read_events()
 
     def _read_events(self) -> None:
-        path = self.run_dir / "events.jsonl"
-        try:
-            with path.open("rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return
-        self._offset += len(chunk)
-        *lines, self._partial = (self._partial + chunk).split(b"\n")
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a SIGKILL; the next run's lines follow it
+        if self._events is None:
+            self._events = _Lines(self.run_dir / "events.jsonl")
+            # The batch script runs in the run directory's parent (``--chdir``).
+            journal = self.run_dir.parent / f"supervisor-{self.job_id}.jsonl"
+            self._journal = _Lines(journal)
+        for event in self._events.read():
             self.events.append(event)
             if event.get("event") == "step" and self.first_step_seen is None:
                 self.first_step_seen = self.clock()
             self._show_event(event)
+        assert self._journal is not None
+        for entry in self._journal.read():
+            self.supervisor.append(entry)
+            self._show_supervisor(entry)
 
     def _read_incidents(self) -> None:
         try:
@@ -146,6 +143,28 @@ class Watcher:
         elif kind == "completed":
             self.say(f"training completed step {e.get('step')}, digest "
                      f"{str(e.get('state_digest'))[:16]}")  # fmt: skip
+
+    def _show_supervisor(self, e: dict[str, Any]) -> None:
+        """The supervisor's decisions (what it launched on, what it judged and why): what a
+        failed in-allocation run is read by."""
+        kind = e.get("event")
+        if kind == "relaunch":
+            why = f": {e['why']}" if e.get("why") else ""
+            lost = f" without {','.join(e['lost'])}" if e.get("lost") else ""
+            self.say(f"supervisor: relaunch {e.get('attempt')} on "
+                     f"{','.join(e.get('step_nodes', []))}{lost}{why}")  # fmt: skip
+        elif kind == "step-ended" and e.get("status") != 0:
+            self.say(f"supervisor: launch {e.get('attempt')} ended with status {e.get('status')}")
+        elif kind == "lost":
+            self.say(f"supervisor: lost {','.join(e.get('nodes', []))}")
+        elif kind == "stalled":
+            self.say(f"supervisor: launch {e.get('attempt')} stalled: {e.get('why')}")
+        elif kind == "slow" and e.get("swap"):
+            self.say(f"supervisor: moving off the slow {e.get('node')}: {e.get('why')}")
+        elif kind == "spare-rejected":
+            self.say(f"supervisor: spare {e.get('node')} rejected: {e.get('reason')}")
+        elif kind in ("requeue", "finish"):
+            self.say(f"supervisor: {kind}: {e.get('why')}")
 
     def _show_incident(self, inc: dict[str, Any]) -> None:
         key = (inc["id"], "")
@@ -228,6 +247,37 @@ class Watcher:
             int(e.get("restart_count", 0)) for e in self.events if e.get("event") == "started"
         ]
         return job.restart_count > max(started, default=0)
+
+
+@dataclass
+class _Lines:
+    """A JSON-lines file read as it grows: each :meth:`read` returns the records written
+    since the last (none while the file is absent; a line cut by a kill is skipped)."""
+
+    path: Path
+    _offset: int = 0
+    _partial: bytes = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        out = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a SIGKILL; the next run's lines follow it
+            if isinstance(doc, dict):
+                out.append(doc)
+        return out
 
 
 def _tail_events(path: Path, size: int = 65536) -> list[dict[str, Any]]:

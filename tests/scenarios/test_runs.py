@@ -255,7 +255,9 @@ def _check_run_dir(out: Path, name: str) -> None:
     assert doc["final_digest"] == doc["control_digest"] is not None
     assert set(doc["job"]) == {"id", "nodes", "steps", "save_every", "model", "run_dir",
                                "processes"}  # fmt: skip
-    assert doc["job"]["processes"] == len(doc["job"]["nodes"]) == 4
+    # K=4 processes, one per node; an in-allocation job holds its spares besides.
+    spares = find(name).scenario.job.job_spares
+    assert (doc["job"]["processes"], len(doc["job"]["nodes"])) == (4, 4 + spares)
     for rank in range(1, 4):
         copied = (out / f"events.rank{rank}.jsonl").read_text()
         assert copied == (Path(doc["job"]["run_dir"]) / f"events.rank{rank}.jsonl").read_text()

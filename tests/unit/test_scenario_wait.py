@@ -4,6 +4,7 @@ requeued by the coordinator) must not end the wait; a job over for good must. An
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -124,3 +125,40 @@ def test_a_wait_past_the_deadline_after_the_first_step_times_out() -> None:
         runner._wait(watch, deadline, "step 99", lambda: False,  # type: ignore[arg-type]
                      interval_s=0.0)  # fmt: skip
     assert watch.polls == 1
+
+
+# --- the supervisor's journal, followed ------------------------------------------------------
+
+
+def test_the_supervisors_decisions_become_progress_lines_as_they_are_written(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "job"
+    run_dir.mkdir()
+    said: list[str] = []
+    watch = Watcher(run_dir, "7", slurm=None, client=None, say=said.append)  # type: ignore[arg-type]
+    watch.poll_events()  # nothing written yet: nothing said, nothing fails
+    journal = tmp_path / "supervisor-7.jsonl"
+    lines = [
+        {"event": "launched", "attempt": 0, "nodes": ["node2", "node3"]},
+        {"event": "step-ended", "attempt": 0, "status": 76},
+        {"event": "lost", "nodes": ["node3"]},
+        {"event": "spare-rejected", "node": "node6", "reason": "recover: check failed: agent"},
+        {"event": "relaunch", "attempt": 1, "lost": ["node3"], "step_nodes": ["node2", "node1"]},
+    ]
+    with journal.open("w") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in lines))
+        f.write('{"event": "requeue", "why": "cut')  # a line still being written
+    watch.poll_events()
+    assert said == [
+        "supervisor: launch 0 ended with status 76",
+        "supervisor: lost node3",
+        "supervisor: spare node6 rejected: recover: check failed: agent",
+        "supervisor: relaunch 1 on node2,node1 without node3",
+    ]
+    with journal.open("a") as f:
+        f.write(' short"}\n')
+    watch.poll_events()
+    assert said[-1] == "supervisor: requeue: cut short"
+    assert [e["event"] for e in watch.supervisor][-1] == "requeue"
+    assert len(watch.supervisor) == 6
