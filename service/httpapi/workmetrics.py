@@ -23,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from recovery.model import Decision, HealthEvent
+from recovery.model.actions import ACTION_TYPES
 from recovery.ports.clock import Stamp
 from recovery.ports.journal import (
     ActionRecord,
@@ -77,6 +78,12 @@ class WorkMetrics:
         self.incidents_closed = Counter(
             "recover_incidents_closed", "Incidents closed", registry=None
         )
+        # Every kind's ended outcomes exist from the start, at 0: an alert on
+        # ``increase(recover_actions_total[...])`` sees the first take-out after a restart
+        # (a series born at 1 has no earlier sample to increase from).
+        for kind in sorted(ACTION_TYPES):
+            for outcome in sorted(_ENDED):
+                self.actions.labels(kind, outcome.value)
 
     def register(self, registry: CollectorRegistry) -> None:
         for metric in (self.decisions, self.actions, self.action_seconds, self.phase_seconds,
@@ -240,7 +247,7 @@ class MeteredJournal:
 
 class StateCollector(Collector):
     """What the coordinator has now, read at each scrape: open incidents by fault, ready
-    spares, whether the breaker holds anything and the actions it holds."""
+    spares, whether the breaker holds anything, and which nodes' agents went silent."""
 
     def __init__(
         self,
@@ -272,3 +279,11 @@ class StateCollector(Collector):
             "recover_breaker_tripped", "1 while the breaker holds take-outs, else 0",
             value=1 if breaker.get("tripped") else 0,
         )  # fmt: skip
+        silent = GaugeMetricFamily(
+            "recover_agent_silent",
+            "1 for a node whose agent's heartbeats stopped (a suspect), else 0",
+            labels=["node"],
+        )
+        for row in status.get("nodes", []):
+            silent.add_metric([row["name"]], 1 if row.get("suspect") else 0)
+        yield silent

@@ -92,7 +92,9 @@ class FakeCoordinator:
         return [{"name": n, "state": "idle", "ours": n in self.taken_out} for n in self.nodes_known]
 
     def status(self) -> dict[str, Any]:
-        return {"nodes": len(self.nodes_known), "dry_run": False}
+        # The shape of the real one (recovery.coordinator.views.status), trimmed.
+        rows = [{"name": n, "suspect": False} for n in self.nodes_known]
+        return {"nodes": rows, "spares": [], "breaker": {"tripped": False}, "dry_run": False}
 
     def repaired(self, node: str) -> dict[str, Any]:
         if node not in self.nodes_known:

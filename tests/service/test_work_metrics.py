@@ -108,18 +108,34 @@ def test_the_state_is_read_at_each_scrape() -> None:
             self.fault = fault
 
     open_now: list[Any] = [Inc("xid79"), Inc("xid79"), Inc("node-slow")]
-    status = {"spares": ["spare1", "spare2"], "breaker": {"tripped": True}}
+    nodes = [{"name": "node1", "suspect": False}, {"name": "node2", "suspect": True}]
+    status = {"spares": ["spare1", "spare2"], "breaker": {"tripped": True}, "nodes": nodes}
     registry = CollectorRegistry()
     registry.register(StateCollector(lambda: open_now, lambda: status))
     assert _value(registry, "recover_open_incidents_by_fault", fault="xid79") == 2
     assert _value(registry, "recover_open_incidents_by_fault", fault="node-slow") == 1
     assert _value(registry, "recover_spares_ready") == 2
     assert _value(registry, "recover_breaker_tripped") == 1
+    assert _value(registry, "recover_agent_silent", node="node1") == 0
+    assert _value(registry, "recover_agent_silent", node="node2") == 1
     open_now.clear()
-    status = {"spares": [], "breaker": {"tripped": False}}
+    status = {"spares": [], "breaker": {"tripped": False}, "nodes": nodes[:1]}
     assert _value(registry, "recover_open_incidents_by_fault", fault="xid79") == 0
     assert _value(registry, "recover_spares_ready") == 0
     assert _value(registry, "recover_breaker_tripped") == 0
+    assert registry.get_sample_value("recover_agent_silent", {"node": "node2"}) is None
+
+
+def test_every_action_kinds_ended_outcomes_are_there_at_zero_before_any() -> None:
+    """An alert on ``increase(recover_actions_total[...])`` needs the series before its
+    first take-out: one born at 1 has nothing earlier to increase from."""
+    work = WorkMetrics()
+    registry = CollectorRegistry()
+    work.register(registry)
+    for kind in ("down", "drain", "save-requeue", "requeue", "promote", "retire"):
+        for outcome in ("done", "failed"):
+            labels = {"kind": kind, "outcome": outcome}
+            assert registry.get_sample_value("recover_actions_total", labels) == 0
 
 
 def test_the_scrape_serves_the_work_beside_the_intake(tmp_path: Path) -> None:
@@ -140,7 +156,7 @@ def test_the_scrape_serves_the_work_beside_the_intake(tmp_path: Path) -> None:
     for name in ("recover_decisions", "recover_actions", "recover_action_duration_seconds",
                  "recover_incident_phase_seconds", "recover_journal_commit_duration_seconds",
                  "recover_open_incidents_by_fault", "recover_spares_ready",
-                 "recover_breaker_tripped", "recover_intake_events",
+                 "recover_breaker_tripped", "recover_agent_silent", "recover_intake_events",
                  "recover_open_incidents"):  # fmt: skip
         assert name in families, sorted(families)
     (sample,) = [s for s in families["recover_open_incidents_by_fault"].samples]
