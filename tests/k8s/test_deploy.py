@@ -83,8 +83,9 @@ def test_everything_rendered_passes_server_side_dry_run(
 
 
 def test_namespaces_are_ours_except_the_slurmd_role(docs: list[dict[str, Any]]) -> None:
-    # Ours all live in `recover`; rbac.yaml's Role and RoleBinding stay in the namespace the
-    # coordinator is told the slurmd pods are in, and bind the coordinator's ServiceAccount.
+    # Ours all live in `recover`; rbac.yaml's slurmd Role and RoleBinding stay in the
+    # namespace the coordinator is told the slurmd pods are in, the leader election's in
+    # `recover` (its Lease), and all bind the coordinator's ServiceAccount.
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
     slurmd = slurmd_namespace(docs)
     for d in docs:
@@ -92,7 +93,8 @@ def test_namespaces_are_ours_except_the_slurmd_role(docs: list[dict[str, Any]]) 
         if d["kind"] in cluster_scoped:
             assert ns is None, d["metadata"]["name"]
         elif d["kind"] in ("Role", "RoleBinding"):
-            assert ns == slurmd, d["metadata"]["name"]
+            leader = d["metadata"]["name"] == "recover-coordinator-leader"
+            assert ns == (NAMESPACE if leader else slurmd), d["metadata"]["name"]
         else:
             assert ns == NAMESPACE, f"{d['kind']} {d['metadata']['name']}"
     sa = one(docs, "ServiceAccount", "recover-coordinator")["metadata"]

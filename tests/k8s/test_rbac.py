@@ -5,6 +5,7 @@ request by request), and what it must not do is refused (403)."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import yaml
 from kubernetes import client as kclient
 from kubernetes.client import ApiException
 
+from k8s.lease import KubeLease
 from k8s.nodes import KubeControl, KubeSettings
 from k8s.transport import Query, Transport
 from recovery.errors import KubeForbiddenError
@@ -44,8 +46,8 @@ class Recording(Transport):
 
 
 _PATH = re.compile(
-    r"^/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<kind>[a-z]+)"
-    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$"
+    r"^/(?:api/v1|apis/coordination\.k8s\.io/v1)(?:/namespaces/(?P<ns>[^/]+))?"
+    r"/(?P<kind>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$"
 )
 _VERBS = {"PATCH": "patch", "DELETE": "delete", "POST": "create", "PUT": "update"}
 
@@ -72,7 +74,7 @@ def granted() -> set[tuple[str, str, str]]:
             continue
         ns = doc["metadata"].get("namespace", "") if doc["kind"] == "Role" else ""
         for rule in doc["rules"]:
-            assert rule["apiGroups"] == [""], rule
+            assert rule["apiGroups"] in ([""], ["coordination.k8s.io"]), rule
             for resource in rule["resources"]:
                 rules.update((verb, resource, ns) for verb in rule["verbs"])
     return rules
@@ -86,11 +88,16 @@ def sa_client(kube_api: KubeApi, kube_nodes: KubeNodes) -> kclient.ApiClient:
     c = kube_api.token_client(token)
     core = kclient.CoreV1Api(c)
 
+    leases = kclient.CoordinationV1Api(c)
+
     def allowed() -> bool:  # RBAC changes reach the authorizer through a watch: wait for it
         try:
             core.list_node()
             core.list_namespaced_pod(kube_nodes.namespace)
+            leases.read_namespaced_lease("recover-absent", SA_NAMESPACE)
         except ApiException as e:
+            if e.status == 404:  # allowed to look: there is none
+                return True
             if e.status == 403:
                 return False
             raise
@@ -123,14 +130,23 @@ def test_every_adapter_operation_succeeds_with_exactly_the_granted_verbs(
         # The list, then at least one watch request answered.
         wait_for(lambda: ("watch", "nodes", "") in t.used and w.matching(lambda _n: True),
                  15, "the watch running")  # fmt: skip
+    # The leader election's Lease, in the coordinator's own namespace.
+    lease = KubeLease(t, SA_NAMESPACE, f"recover-rbac-{uuid.uuid4().hex[:8]}")
+    try:
+        assert lease.read() is None
+        taken = lease.create("replica-a", 6, 1_800_000_000.0)
+        assert lease.update(taken, "replica-a", 1, 6, 1_800_000_001.0).holder == "replica-a"
+    finally:
+        kube_api.kubectl("delete", "lease", lease.name, "-n", SA_NAMESPACE, "--ignore-not-found")
     used = {u for u in t.used if u[0] != "discovery"}
-    assert used == granted()  # nothing granted that the adapter does not use, and vice versa
+    assert used == granted()  # nothing granted that the adapters do not use, and vice versa
 
 
 def test_what_the_coordinator_must_not_do_is_forbidden(
     kube_api: KubeApi, kube_nodes: KubeNodes, sa_client: kclient.ApiClient
 ) -> None:
     core = kclient.CoreV1Api(sa_client)
+    leases = kclient.CoordinationV1Api(sa_client)
     admin = kclient.CoreV1Api(kube_api.admin_client())
     kube_api.ensure_namespace("other")
     pod = kclient.V1Pod(
@@ -147,6 +163,8 @@ def test_what_the_coordinator_must_not_do_is_forbidden(
         ),
         "delete a pod elsewhere": lambda: core.delete_namespaced_pod("web", "other"),
         "update a node": lambda: core.replace_node("node1", admin.read_node("node1")),
+        "read leases elsewhere": lambda: leases.list_namespaced_lease("other"),
+        "delete the lease": lambda: leases.delete_namespaced_lease("recover-x", SA_NAMESPACE),
     }
     for what, call in refusals.items():
         with pytest.raises(ApiException) as refused:
