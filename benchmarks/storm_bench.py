@@ -90,7 +90,10 @@ def _row(what: str, s: dict[str, Any], vs_reference: bool = False) -> str:
 
 def _updates(calls: list[str] | None) -> str:
     if calls is None:
-        return "updates: not counted (only the cli backend's scontrol calls are logged)"
+        return (
+            "updates: not counted (the coordinator's scontrol calls are logged for the "
+            "cli backend on Debian's Slurm only)"
+        )
     downs = [c for c in calls if "state=down" in c.lower()]
     resumes = [c for c in calls if "state=resume" in c.lower()]
     sizes = ", ".join(str(len(nodes_of_update(c))) for c in downs)

@@ -51,7 +51,7 @@ from service.daemons import agents as agents_proc
 from service.daemons import coordinator as coordinator_proc
 from service.httpapi.auth import load_tokens
 from service.httpapi.client import Client, admin_token
-from slurm import procs, rest_slurm
+from slurm import install, procs, rest_slurm
 from slurm.cluster import LocalCluster
 from slurm.install import choose
 
@@ -188,6 +188,9 @@ class Rig:
             nodes=self.opts.nodes, spares=self.opts.spares, timeout_s=self.opts.up_timeout_s
         )
         self.up_s = time.monotonic() - began
+        # Made again now that the conf names the install: made before, it ran the commands
+        # on PATH (Debian's 22.05), which a 25.11 slurmctld answers "Insane message length".
+        self.ctl = self.cluster.control()
         self._log(f"cluster up: {len(info.nodes)} nodes + {len(info.spares)} spares "
                   f"in {self.up_s:.1f} s")  # fmt: skip
         if self.opts.jobs:
@@ -212,14 +215,19 @@ class Rig:
 
         wait_for(running, self.opts.up_timeout_s, "a job running on every node")
 
+    def _shim_sees_calls(self) -> bool:
+        return self.opts.backend == "cli" and self.cluster.install.prefix is None
+
     def _start_coordinator(self) -> Endpoint:
         # As service.bringup.start_coordinator starts it, with the backend asked for and an
         # scontrol on PATH that logs each call (to count the coordinator's updates).
         shim_dir = self.root / "shim"
         shim_dir.mkdir(exist_ok=True)
-        real = shutil.which("scontrol")
+        # The cluster's own scontrol (a built 25.11's, else Debian's on PATH).
+        path = install.command_env(self.cluster.install, os.environ).get("PATH")
+        real = shutil.which("scontrol", path=path)
         if real is None:
-            raise UsageError("scontrol is not on PATH")
+            raise UsageError(f"no scontrol for {self.cluster.install.describe()}")
         shim = shim_dir / "scontrol"
         shim.write_text(SHIM.format(log=self.root / "scontrol.log", real=real))
         shim.chmod(0o755)
@@ -335,7 +343,9 @@ class Rig:
             not_down=sorted(set(faulted) - set(downs)),
             problems=problems,
             stages=stages(incidents, fault_at, calls, downs, faulted),
-            updates=[c for _, c in calls] if self.opts.backend == "cli" else None,
+            # The shim sees the cli backend's calls on Debian's Slurm only: a built install's
+            # programs come first on the coordinator's PATH (slurm.install.command_env).
+            updates=[c for _, c in calls] if self._shim_sees_calls() else None,
             slurm=self.ctl.run(["scontrol", "--version"]).strip(),
             up_s=self.up_s,
             jobs_s=self.jobs_s,
