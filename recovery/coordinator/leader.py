@@ -183,9 +183,10 @@ class Elector:
             self._renewed_at = started
             return f"created the lease: leader at term {self._record.term}"
         if record.holder == self.identity:
-            # Ours from before (a restart within the lease): take it again as a new term,
-            # since what the old process started is not known to this one.
-            return self._take(record, "ours from an earlier process")
+            # Still ours: this replica stepped down when it could not renew, or a process
+            # restarted with the same identity. Taken again as a new term: whatever was
+            # started under the old one is not to be trusted as still ours.
+            return self._take(record, "still ours after stepping down")
         if record.holder == "":
             return self._take(record, "given up")
         if self._seen is None or self._seen.version != record.version:
