@@ -78,9 +78,9 @@ def build() -> dict[str, Any]:
         .refresh("30s")
         .time("now-6h", "now")
         .with_variable(datasource)
-        .with_row(dashboard.Row("The fleet now"))
     )
-    for panel in (
+    rows: dict[str, tuple[Any, ...]] = {}
+    rows["The fleet now"] = (
         _stat("Open incidents", "Incidents not yet closed.",
               Query("sum(recover_open_incidents)")),
         _stat("Ready spares", "Spares in the pool that could be promoted now.",
@@ -93,10 +93,8 @@ def build() -> dict[str, Any]:
               Query("sum(recover_agent_silent)")),
         _stat("Coordinators up", "Coordinator targets answering scrapes.",
               Query('sum(up{job="recover-coordinator"})')),
-    ):  # fmt: skip
-        board = board.with_panel(panel)
-    board = board.with_row(dashboard.Row("Decisions and actions"))
-    for panel in (
+    )  # fmt: skip
+    rows["Decisions and actions"] = (
         _series("Decisions by verdict", "Decisions committed in each interval, by verdict.",
                 Query("sum by (verdict) (increase(recover_decisions_total[$__rate_interval]))",
                       "{{verdict}}")),
@@ -109,10 +107,8 @@ def build() -> dict[str, Any]:
                       "{{kind}} {{outcome}}")),
         _series("Action latency", "From an action planned to its outcome, by kind.",
                 *_quantiles("recover_action_duration_seconds", "kind"), unit="s"),
-    ):  # fmt: skip
-        board = board.with_panel(panel)
-    board = board.with_row(dashboard.Row("Incidents: how far and how soon"))
-    for panel in (
+    )  # fmt: skip
+    rows["Incidents: how far and how soon"] = (
         _series("Time to each phase",
                 "From an incident's opening to each phase it reached (node-down, "
                 "spare-promoted, job-running, closed ...).",
@@ -125,10 +121,8 @@ def build() -> dict[str, Any]:
                       "[$__rate_interval]))", "rejected"),
                 Query("sum(increase(recover_incidents_closed_total[$__rate_interval]))",
                       "closed")),
-    ):  # fmt: skip
-        board = board.with_panel(panel)
-    board = board.with_row(dashboard.Row("Journal and intake"))
-    for panel in (
+    )  # fmt: skip
+    rows["Journal and intake"] = (
         _series("Journal commit latency", "Each journal write, durable when it returns.",
                 *_quantiles("recover_journal_commit_duration_seconds", "write"), unit="s"),
         _series("Events received", "Events the intake accepted or found duplicate, per second.",
@@ -144,10 +138,8 @@ def build() -> dict[str, Any]:
                 Query("sum(rate(recover_intake_commit_events_sum[$__rate_interval])) / "
                       "sum(rate(recover_intake_commit_events_count[$__rate_interval]))",
                       "events per commit")),
-    ):  # fmt: skip
-        board = board.with_panel(panel)
-    board = board.with_row(dashboard.Row("Agents"))
-    for panel in (
+    )  # fmt: skip
+    rows["Agents"] = (
         _series("Heartbeat age", "Seconds since the coordinator last answered each agent.",
                 Query("max by (instance) (recover_agent_heartbeat_age_seconds)",
                       "{{instance}}"), unit="s"),
@@ -157,8 +149,11 @@ def build() -> dict[str, Any]:
                 Query("sum by (source) "
                       "(increase(recover_agent_events_detected_total[$__rate_interval]))",
                       "{{source}}")),
-    ):  # fmt: skip
-        board = board.with_panel(panel)
+    )  # fmt: skip
+    for title, panels in rows.items():  # each row, then its panels
+        board = board.with_row(dashboard.Row(title))
+        for panel in panels:
+            board = board.with_panel(panel)
     built: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
     for i, panel in enumerate(built["panels"], 1):  # Grafana wants each panel's own id
         panel["id"] = i
