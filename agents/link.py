@@ -74,23 +74,38 @@ class Delivery:
 class CoordinatorLink:
     """One agent's requests to the coordinator at ``url`` with ``token``.
 
+    ``url`` may list several coordinator replicas (``URL,URL``): the link keeps to the one
+    that answered last, and when it does not answer or answers 5xx (a standby refuses what
+    only the leader holds: heartbeats, commands) the same request goes to the next at once;
+    only when none takes it does the caller see CoordinatorUnavailableError (and retry).
+
     ``timeout_s`` bounds each ordinary request (seconds); a long poll gets its ``wait`` on
     top. Thread-safe (httpx clients are); give each long-polling thread its own link anyway so
     a held poll never delays an event.
     """
 
     def __init__(self, url: str, token: str, node: str, *, timeout_s: float = 10.0) -> None:
-        self.url = url.rstrip("/")
+        self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+        if not self.urls:
+            raise UsageError("the coordinator's URL is empty")
         self.node = node
         self._timeout_s = timeout_s
-        self._http = httpx.Client(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout_s,
-        )
+        self._https = [
+            httpx.Client(
+                base_url=u, headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s
+            )
+            for u in self.urls
+        ]
+        self._current = 0
+
+    @property
+    def url(self) -> str:
+        """The replica this link talks to now."""
+        return self.urls[self._current]
 
     def close(self) -> None:
-        self._http.close()
+        for http in self._https:
+            http.close()
 
     def post_events(self, events: Sequence[HealthEvent]) -> Delivery:
         """Deliver ``events`` in one request; returns once the coordinator committed them.
@@ -140,23 +155,32 @@ class CoordinatorLink:
         **kwargs: Any,
     ) -> Any:
         headers = {"Content-Type": "application/json"} if json_body else None
-        try:
-            r = self._http.request(
-                method,
-                path,
-                headers=headers,
-                timeout=timeout if timeout is not None else self._timeout_s,
-                **kwargs,
-            )
-        except httpx.TransportError as e:
-            raise CoordinatorUnavailableError(
-                f"{what}: the coordinator at {self.url} does not answer ({type(e).__name__}: {e})"
-            ) from e
-        if r.status_code in VERDICTS:
-            raise Refused(r.status_code, error_reason(r.text), what)
-        if r.status_code >= 300:
-            raise CoordinatorUnavailableError(
-                f"{what}: the coordinator at {self.url} answered {r.status_code}: "
-                + error_reason(r.text)
-            )
-        return r.json()
+        first = self._current
+        failures = []
+        for i in range(len(self.urls)):
+            at = (first + i) % len(self.urls)
+            try:
+                r = self._https[at].request(
+                    method,
+                    path,
+                    headers=headers,
+                    timeout=timeout if timeout is not None else self._timeout_s,
+                    **kwargs,
+                )
+            except httpx.TransportError as e:
+                failures.append(
+                    f"the coordinator at {self.urls[at]} does not answer ({type(e).__name__}: {e})"
+                )
+                continue
+            if r.status_code in VERDICTS:
+                self._current = at
+                raise Refused(r.status_code, error_reason(r.text), what)
+            if r.status_code >= 300:
+                failures.append(
+                    f"the coordinator at {self.urls[at]} answered {r.status_code}: "
+                    + error_reason(r.text)
+                )
+                continue
+            self._current = at
+            return r.json()
+        raise CoordinatorUnavailableError(f"{what}: " + "; ".join(failures))

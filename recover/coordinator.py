@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from recover.options import AsJson, SlurmBackend, SlurmJwtFile, SlurmRestd, SlurmUser
+from recovery.coordinator.leader import DURATION_S, RENEW_DEADLINE_S, RETRY_S
 
 app = typer.Typer(help="Run the coordinator (events in, Slurm actions out).", no_args_is_help=True)
 policy_app = typer.Typer(help="Inspect the fault policy.", no_args_is_help=True)
@@ -72,10 +75,41 @@ def serve(
     slurmrestd: SlurmRestd = None,
     slurm_jwt_file: SlurmJwtFile = None,
     slurm_user: SlurmUser = None,
+    lease: Annotated[
+        str | None,
+        typer.Option(
+            envvar="RECOVER_LEASE",
+            help="Run as one replica of several, acting only while it holds the lease: "
+            "journal (a row of the journal's database: replicas sharing one state dir) or "
+            "kube (a coordination.k8s.io Lease; needs --kubeconfig or --in-cluster).",
+        ),
+    ] = None,
+    replica_id: Annotated[
+        str | None,
+        typer.Option(
+            envvar="POD_NAME",
+            help="This replica's name in the lease [default: HOSTNAME-PID].",
+        ),
+    ] = None,
+    lease_namespace: Annotated[
+        str, typer.Option(envvar="RECOVER_LEASE_NAMESPACE", help="--lease kube: its namespace.")
+    ] = "recover",
+    lease_duration: Annotated[
+        float,
+        typer.Option(help="Seconds a standby waits on an unrenewed lease before taking it."),
+    ] = DURATION_S,
+    lease_renew_deadline: Annotated[
+        float,
+        typer.Option(help="Seconds after its last renewal that a leader stops acting."),
+    ] = RENEW_DEADLINE_S,
+    lease_retry: Annotated[
+        float, typer.Option(help="Seconds between a replica's election rounds.")
+    ] = RETRY_S,
 ) -> None:
-    """Serve the intake API and act on health events until SIGTERM/SIGINT."""
+    """Serve the intake API and act on health events until SIGTERM/SIGINT. With --lease,
+    several replicas serve and the one holding the lease acts (docs/coordinator.md)."""
     from service.startup.serve import ServeOptions, run_coordinator
-    from service.wiring import KubeOptions, SlurmAccess
+    from service.wiring import KubeOptions, LeaseOptions, SlurmAccess
 
     kube = None
     if kubeconfig is not None or in_cluster or slinky:
@@ -98,6 +132,16 @@ def serve(
             tick_s=tick,
             kube=kube,
             slurm_access=SlurmAccess(slurm_backend, slurmrestd, slurm_jwt_file, slurm_user),
+            lease=None
+            if lease is None
+            else LeaseOptions(
+                kind=lease,
+                identity=replica_id or f"{socket.gethostname()}-{os.getpid()}",
+                namespace=lease_namespace,
+                duration_s=lease_duration,
+                renew_deadline_s=lease_renew_deadline,
+                retry_s=lease_retry,
+            ),
         )
     )
 

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from recovery.coordinator.leader import DURATION_S, RENEW_DEADLINE_S, RETRY_S
 from recovery.errors import UsageError, unknown_choice
 from recovery.ports.checks import BurnIn
+from recovery.ports.lease import LeaseStore
 from recovery.ports.nodes import NodeControl
 from recovery.ports.slurm import SlurmControl
 
@@ -241,3 +243,46 @@ def node_control(opts: KubeOptions) -> NodeControl:
     )
     client = api_client(opts.kubeconfig, in_cluster=opts.in_cluster)
     return KubeControl(Transport(client, timeout_s=settings.timeout_s), settings)
+
+
+#: The kinds of lease ``recover coordinator serve --lease`` takes.
+LEASE_KINDS = ("journal", "kube")
+
+
+@dataclass(frozen=True)
+class LeaseOptions:
+    """Leader election among coordinator replicas (``recover coordinator serve --lease``)."""
+
+    kind: str
+    """``journal``: a row of the journal's SQLite database (replicas sharing one state dir);
+    ``kube``: a ``coordination.k8s.io`` Lease (needs --kubeconfig or --in-cluster)."""
+    identity: str
+    """This replica's name in the lease (unique among the replicas)."""
+    namespace: str = "recover"
+    """The Lease's namespace (``kube``)."""
+    name: str = "recover-coordinator"
+    duration_s: float = DURATION_S
+    renew_deadline_s: float = RENEW_DEADLINE_S
+    retry_s: float = RETRY_S
+
+    def __post_init__(self) -> None:
+        if self.kind not in LEASE_KINDS:
+            raise unknown_choice("lease", self.kind, LEASE_KINDS)
+
+
+def lease_store(opts: LeaseOptions, kube: KubeOptions | None, journal: Path) -> LeaseStore:
+    """Where the replicas' lease lives. UsageError for ``kube`` without Kubernetes options."""
+    if opts.kind == "journal":
+        from service.journaldb.lease import SqliteLease
+
+        return SqliteLease(journal, opts.name)
+    if kube is None:
+        raise UsageError(
+            "--lease kube needs Kubernetes: --kubeconfig PATH or --in-cluster "
+            "(or --lease journal for replicas that share one state dir)"
+        )
+    from k8s.lease import KubeLease
+    from k8s.transport import Transport, api_client
+
+    client = api_client(kube.kubeconfig, in_cluster=kube.in_cluster)
+    return KubeLease(Transport(client, timeout_s=2.0), opts.namespace, opts.name)

@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 from recovery.coordinator.executor import Executor, ExecutorSettings
 from recovery.coordinator.jobwatch import JobWatch
 from recovery.coordinator.kube import KubeFollow, KubeMode
+from recovery.coordinator.leader import Deposed
 from recovery.coordinator.reconcile import (
     Heartbeats,
     Reconciler,
@@ -235,6 +236,9 @@ class Engine:
                     self.recover()
                     recovered = True
                 self.step()
+            except Deposed as e:
+                # The election deposed this replica between its rounds: it stops the engine.
+                self._log(f"engine: {e}")
             except TransientError as e:
                 self._log(f"engine: {e}; retrying next tick")
             except Exception:  # the worker must survive any one bad step; it is logged

@@ -34,6 +34,7 @@ from recovery.contract.jobmark import is_ours
 from recovery.coordinator.executor import Executor
 from recovery.coordinator.jobwatch import JobWatch
 from recovery.coordinator.kube import KubeFollow, finished
+from recovery.coordinator.leader import Deposed
 from recovery.coordinator.rules import Rules
 from recovery.coordinator.validation import Validator
 from recovery.errors import TransientError, UsageError
@@ -345,6 +346,8 @@ class Reconciler:
         for name, step in self.steps:
             try:
                 step(seen, now)
+            except Deposed:
+                raise  # no step may act any more: the replica stops its engine
             except TransientError as e:
                 self._log(f"reconcile step {name}: {e}; retrying next tick")
             except Exception:  # one step's failure must not stop the others; it is logged

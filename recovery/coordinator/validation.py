@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from recovery.coordinator.leader import Deposed
 from recovery.errors import TransientError, UsageError, unknown_choice
 from recovery.pool.spares import SPARE_REASON, is_spare
 from recovery.pool.validate import (
@@ -316,7 +317,14 @@ class Validator:
 
     def run(self, stop: threading.Event) -> None:
         """The validator's thread: put back any node a killed coordinator left in a burn-in,
-        then run the checks asked for, and re-check each spare every ``recheck_s``."""
+        then run the checks asked for, and re-check each spare every ``recheck_s``. Ends
+        when this replica is deposed (its engine is being stopped)."""
+        try:
+            self._run(stop)
+        except Deposed as e:
+            self._log(f"validation: {e}")
+
+    def _run(self, stop: threading.Event) -> None:
         if self._burn_in is not None:
             try:
                 left = {n.name: self._journal.get_meta(BURNING_KEY + n.name) for n in self._nodes()}

@@ -170,11 +170,15 @@ def agent_routes(
     tokens: TokenTable,
     caller: Callable[..., Principal],
     admin: Callable[..., Principal],
+    leading: Callable[[], None] | None = None,
 ) -> None:
-    """Register the routes of this module's docstring on ``app``."""
-    _heartbeat_routes(app, channel, tokens, caller)
-    _command_routes(app, channel, caller)
-    _inject_route(app, channel, tokens, admin)
+    """Register the routes of this module's docstring on ``app``. ``leading``: a dependency
+    that refuses (503) on a coordinator replica standing by: heartbeats, the command channel
+    and injection live in the leader's memory, so the agents must talk to the leader."""
+    only = [Depends(leading)] if leading is not None else []
+    _heartbeat_routes(app, channel, tokens, caller, only)
+    _command_routes(app, channel, caller, only)
+    _inject_route(app, channel, tokens, admin, only)
     _decision_route(app, journal, caller)
 
 
@@ -185,9 +189,13 @@ def _own_node(who: Principal, node: str, doing: str) -> None:
 
 
 def _heartbeat_routes(
-    app: FastAPI, channel: AgentChannel, tokens: TokenTable, caller: Callable[..., Principal]
+    app: FastAPI,
+    channel: AgentChannel,
+    tokens: TokenTable,
+    caller: Callable[..., Principal],
+    only: list[Any],
 ) -> None:
-    @app.post("/v1/heartbeat", response_model=dict[str, Any])
+    @app.post("/v1/heartbeat", response_model=dict[str, Any], dependencies=only)
     def heartbeat(beat: Heartbeat, who: Annotated[Principal, Depends(caller)]) -> dict[str, Any]:
         if not who.may_report_for(beat.node):
             raise HTTPException(403, f"the token of node {who.node} may not beat for {beat.node}")
@@ -195,7 +203,9 @@ def _heartbeat_routes(
         channel.heartbeats.beat(beat.node, beat.version, said)
         return {"node": beat.node, "interval_s": HEARTBEAT_S, "progress": channel.progress}
 
-    @app.get("/v1/agents", response_model=list[dict[str, Any]], dependencies=[Depends(caller)])
+    @app.get(
+        "/v1/agents", response_model=list[dict[str, Any]], dependencies=[Depends(caller), *only]
+    )
     def agents() -> list[dict[str, Any]]:
         now = channel.clock.now().mono
         out = []
@@ -215,10 +225,12 @@ def _heartbeat_routes(
         return out
 
 
-def _command_routes(app: FastAPI, channel: AgentChannel, caller: Callable[..., Principal]) -> None:
+def _command_routes(
+    app: FastAPI, channel: AgentChannel, caller: Callable[..., Principal], only: list[Any]
+) -> None:
     node_path = Path(pattern=NODE_PATTERN)
 
-    @app.get("/v1/agents/{node}/commands", response_model=dict[str, Any])
+    @app.get("/v1/agents/{node}/commands", response_model=dict[str, Any], dependencies=only)
     async def poll(
         node: Annotated[str, node_path],
         who: Annotated[Principal, Depends(caller)],
@@ -228,7 +240,11 @@ def _command_routes(app: FastAPI, channel: AgentChannel, caller: Callable[..., P
         commands = await channel.broker.wait(node, wait)
         return {"commands": [c.to_json() for c in commands]}
 
-    @app.post("/v1/agents/{node}/commands/{command_id}/ack", response_model=dict[str, Any])
+    @app.post(
+        "/v1/agents/{node}/commands/{command_id}/ack",
+        response_model=dict[str, Any],
+        dependencies=only,
+    )
     def ack(
         node: Annotated[str, node_path],
         command_id: Annotated[str, Path(max_length=64)],
@@ -264,9 +280,13 @@ def check_inject(request: InjectRequest, channel: AgentChannel, tokens: TokenTab
 
 
 def _inject_route(
-    app: FastAPI, channel: AgentChannel, tokens: TokenTable, admin: Callable[..., Principal]
+    app: FastAPI,
+    channel: AgentChannel,
+    tokens: TokenTable,
+    admin: Callable[..., Principal],
+    only: list[Any],
 ) -> None:
-    @app.post("/v1/inject", response_model=dict[str, Any], dependencies=[Depends(admin)])
+    @app.post("/v1/inject", response_model=dict[str, Any], dependencies=[Depends(admin), *only])
     async def inject(request: InjectRequest) -> dict[str, Any]:
         check_inject(request, channel, tokens)
         args: dict[str, Any] = {"fault": request.fault, "gpu": request.gpu, "via": request.via}

@@ -15,7 +15,7 @@ Endpoints (every one but ``/healthz``, and ``/metrics`` unless configured, needs
 # No ``from __future__ import annotations``: FastAPI reads the dependency annotations of the
 # nested route functions at run time, and they name local objects (``Depends(caller)``).
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Protocol, runtime_checkable
 
@@ -27,6 +27,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter
 
 from recovery.coordinator.api import CoordinatorApi
+from recovery.coordinator.leader import Deposed
+from recovery.coordinator.replica import Role, standing_by
 from recovery.errors import JournalError, TransientError, UsageError
 from recovery.model import EventBatch, HealthEvent
 from recovery.model.events import NODE_PATTERN
@@ -38,7 +40,7 @@ from service.httpapi.auth import Principal, TokenTable
 from service.httpapi.fastpath import ClientGone, EventIntake, ServiceApp
 from service.httpapi.intake import GroupCommitter
 from service.httpapi.metrics import LatencyMiddleware, ServiceMetrics
-from service.httpapi.workmetrics import StateCollector, WorkMetrics
+from service.httpapi.workmetrics import LeaderCollector, StateCollector, WorkMetrics
 
 API_VERSION = "1"
 _SCHEME = "bearer"
@@ -71,6 +73,7 @@ def create_app(
     metrics_need_token: bool = False,
     agents: AgentChannel | None = None,
     work: WorkMetrics | None = None,
+    role: Callable[[], Role] | None = None,
 ) -> ServiceApp:
     """The API (a FastAPI app) over ``journal`` and ``coordinator``, authenticated by
     ``tokens``.
@@ -81,7 +84,10 @@ def create_app(
     (:mod:`service.httpapi.agents_api`; a fresh one when None), also at ``app.state.agents``.
     ``work``: the coordinator's work metrics (those of the :class:`MeteredJournal` that
     ``journal`` should then be), exported at ``/metrics`` with what the coordinator has now.
-    The app owns one writer thread for group commit, stopped at lifespan shutdown.
+    ``role``: this replica's standing when it is one of several
+    (:mod:`recovery.coordinator.replica`): shown by ``/healthz``, exported as
+    ``recover_leader`` and ``recover_leader_term``, and ``/readyz`` answers 503 while it
+    stands by. The app owns one writer thread for group commit, stopped at lifespan shutdown.
     """
     metrics = ServiceMetrics(
         open_incidents=lambda: len(journal.incidents(open_only=True)),
@@ -136,11 +142,27 @@ def create_app(
     _intake_route(app, intake)
     _journal_routes(app, journal, caller)
     _coordinator_routes(app, coordinator, caller, admin)
-    _service_routes(app, journal, metrics, caller if metrics_need_token else None)
+    if role is not None:
+        metrics.registry.register(LeaderCollector(role))
+    _service_routes(app, journal, metrics, caller if metrics_need_token else None, role)
     app.state.agents = agents = agents or AgentChannel.default(clock)
-    agent_routes(app, agents, journal=journal, tokens=tokens, caller=caller, admin=admin)
+    agent_routes(
+        app, agents, journal=journal, tokens=tokens, caller=caller, admin=admin,
+        leading=None if role is None else _leading(role),
+    )  # fmt: skip
     _install_openapi(app)
     return app
+
+
+def _leading(role: Callable[[], Role]) -> Callable[[], None]:
+    """A dependency that refuses (NotLeader: 503) while this replica stands by."""
+
+    def leading() -> None:
+        r = role()
+        if r.role != "leader":
+            raise standing_by(r)
+
+    return leading
 
 
 def _exception_handlers(app: FastAPI) -> None:
@@ -151,6 +173,7 @@ def _exception_handlers(app: FastAPI) -> None:
         return _error(400, str(exc))
 
     app.add_exception_handler(JournalError, unavailable)
+    app.add_exception_handler(Deposed, unavailable)
     app.add_exception_handler(TransientError, unavailable)
     app.add_exception_handler(UsageError, bad_request)
 
@@ -293,14 +316,41 @@ def _coordinator_routes(app: FastAPI, coordinator: CoordinatorApi, caller: Any, 
 
 
 def _service_routes(
-    app: FastAPI, journal: Journal, metrics: ServiceMetrics, caller: Any | None
+    app: FastAPI,
+    journal: Journal,
+    metrics: ServiceMetrics,
+    caller: Any | None,
+    role: Callable[[], Role] | None,
 ) -> None:
+    def health() -> models.Health:
+        journal.get_meta("schema")  # a JournalError here answers 503
+        if role is None:
+            return models.Health()
+        r = role()
+        return models.Health(
+            role="leader" if r.role == "leader" else "standby",
+            replica=r.identity,
+            leader=r.holder,
+            term=r.term,
+        )
+
     @app.get(
-        "/healthz", response_model=models.Health, responses={503: {"model": models.ErrorReply}}
+        "/healthz",
+        response_model=models.Health,
+        response_model_exclude_none=True,
+        responses={503: {"model": models.ErrorReply}},
     )
     def healthz() -> models.Health:
-        journal.get_meta("schema")  # a JournalError here answers 503
-        return models.Health()
+        """Alive, with the journal readable: a liveness probe (a standby is healthy)."""
+        return health()
+
+    @app.get("/readyz", response_model=models.Health, responses={503: {"model": models.ErrorReply}})
+    def readyz() -> Response:
+        """Ready to act: the only coordinator, or the leader; 503 while a replica stands by
+        (a readiness probe: a Service then sends requests to the leader)."""
+        h = health()
+        status = 503 if h.role == "standby" else 200
+        return JSONResponse(h.model_dump(exclude_none=True), status_code=status)
 
     @app.get(
         "/metrics",

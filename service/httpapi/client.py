@@ -47,13 +47,27 @@ def admin_token(path: Path) -> str:
     raise UsageError(f"no admin token in {path} (expected a line 'admin TOKEN')")
 
 
+#: How long a request to several coordinator replicas keeps trying while none leads (a
+#: takeover: the new leader acts within about 5 s of the old one's death).
+FAILOVER_S = 15.0
+
+
+def replica_urls(url: str) -> list[str]:
+    """``URL[,URL...]`` -> the URLs, without trailing slashes."""
+    return [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+
+
 @dataclass(frozen=True)
 class Client:
-    """Talks to one coordinator at ``url`` with ``token``; ``timeout_s`` per request."""
+    """Talks to the coordinator at ``url`` with ``token``; ``timeout_s`` per request.
+    ``url`` may list several replicas (``URL,URL``): a request goes to each in turn until
+    one answers as the leader, and keeps going round for up to ``failover_s`` seconds while
+    none does (the leader died and a standby is taking over)."""
 
     url: str
     token: str
     timeout_s: float = 30.0
+    failover_s: float = FAILOVER_S
 
     @classmethod
     def locate(cls, url: str | None, token_file: Path | None, state_dir: Path | None) -> Client:
@@ -73,22 +87,48 @@ class Client:
             if os.environ.get("RECOVER_TOKEN_FILE")
             else sd / TOKENS_FILE
         )
-        return cls(url.rstrip("/"), admin_token(tokens))
+        return cls(",".join(replica_urls(url)), admin_token(tokens))
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """One request; the decoded JSON answer."""
+        urls = replica_urls(self.url)
+        if len(urls) <= 1:
+            return self._answer(method, path, self._send(self.url, method, path, body))
+        deadline = time.monotonic() + self.failover_s
+        while True:
+            refusals = []
+            for url in urls:
+                try:
+                    r = self._send(url, method, path, body)
+                except CoordinatorUnavailableError as e:
+                    refusals.append(str(e))
+                    continue
+                if r.status_code == 503:  # a standby, or a replica whose journal failed
+                    refusals.append(f"{url}: {error_reason(r.text)}")
+                    continue
+                return self._answer(method, path, r)
+            if time.monotonic() >= deadline:
+                raise CoordinatorUnavailableError(
+                    f"no coordinator replica leads after {self.failover_s:g} s: "
+                    + "; ".join(refusals)
+                )
+            time.sleep(0.25)
+
+    def _send(self, url: str, method: str, path: str, body: Any) -> httpx.Response:
         try:
-            r = httpx.request(
+            return httpx.request(
                 method,
-                f"{self.url}{path}",
+                f"{url}{path}",
                 json=body,
                 headers={"Authorization": f"Bearer {self.token}"},
                 timeout=self.timeout_s,
             )
         except httpx.TransportError as e:
             raise CoordinatorUnavailableError(
-                f"the coordinator at {self.url} does not answer ({e}); {START_HINT}"
+                f"the coordinator at {url} does not answer ({e}); {START_HINT}"
             ) from e
+
+    def _answer(self, method: str, path: str, r: httpx.Response) -> Any:
         if r.status_code in (401, 403):
             raise AuthError(f"{method} {path}: {r.status_code} {error_reason(r.text)}")
         if r.status_code in (400, 404, 409, 413, 422):

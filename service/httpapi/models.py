@@ -102,6 +102,13 @@ class IncidentDetail(IncidentOut):
 
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
+    role: Literal["single", "leader", "standby"] = "single"
+    """``single``: the only coordinator; else one replica of several (``--lease``)."""
+    replica: str | None = None
+    """This replica's identity in the lease."""
+    leader: str | None = None
+    """The replica that leads, as this one last saw the lease ("" when none)."""
+    term: int | None = None
 
 
 def stamp_out(s: Stamp | None) -> StampOut | None:

@@ -22,6 +22,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from recovery.coordinator.replica import NotLeader, Role
 from recovery.model import Decision, HealthEvent
 from recovery.model.actions import ACTION_TYPES
 from recovery.ports.clock import Stamp
@@ -269,7 +270,12 @@ class StateCollector(Collector):
         for fault, n in sorted(counts.items()):
             by_fault.add_metric([fault], n)
         yield by_fault
-        status = self._status()
+        try:
+            status = self._status()
+        except NotLeader:
+            # A standby knows no spares or breaker of its own; were it to say 0 spares, an
+            # alert summing the replicas would fire. Only the leader exports these.
+            return
         yield GaugeMetricFamily(
             "recover_spares_ready", "Spares in the pool ready to be promoted",
             value=len(status.get("spares", [])),
@@ -287,3 +293,22 @@ class StateCollector(Collector):
         for row in status.get("nodes", []):
             silent.add_metric([row["name"]], 1 if row.get("suspect") else 0)
         yield silent
+
+
+class LeaderCollector(Collector):
+    """Whether this replica leads, and the lease's term as it last saw it (a coordinator that
+    is one replica of several)."""
+
+    def __init__(self, role: Callable[[], Role]) -> None:
+        self._role = role
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        r = self._role()
+        yield GaugeMetricFamily(
+            "recover_leader", "1 while this coordinator replica leads (acts), 0 standing by",
+            value=1 if r.role == "leader" else 0,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "recover_leader_term", "The leader lease's term (transitions) as this replica saw it",
+            value=r.term,
+        )  # fmt: skip

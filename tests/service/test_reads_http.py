@@ -116,7 +116,8 @@ def test_operator_verbs(api: Api, path: str, status: int, detail: str | None) ->
 def test_health_and_metrics_need_no_token(api: Api) -> None:
     _incident(api, 1)
     _incident(api, 2, held=True)
-    assert api.client.get("/healthz").json() == {"status": "ok"}
+    assert api.client.get("/healthz").json() == {"status": "ok", "role": "single"}
+    assert api.client.get("/readyz").json() == {"status": "ok", "role": "single"}
     api.client.get("/v1/incidents/inc-1", headers=ADMIN)
     text = api.client.get("/metrics").text
     assert "recover_open_incidents 2.0" in text

@@ -12,6 +12,7 @@ from typing import Any
 from recovery.coordinator.build import build_engine
 from recovery.coordinator.engine import Engine, EngineSettings
 from recovery.coordinator.executor import ExecutorSettings
+from recovery.coordinator.fenced import Fence, FencedNodes, FencedSlurm
 from recovery.coordinator.kube import KubeMode
 from recovery.coordinator.reconcile import Heartbeats
 from recovery.coordinator.rules import Rules
@@ -21,6 +22,8 @@ from recovery.policy import PolicyConfig, load_catalogue
 from recovery.ports.checks import BurnIn, BurnInOutcome, RepairChecker
 from recovery.ports.clock import FakeClock
 from recovery.ports.journal import IncidentRecord
+from recovery.ports.nodes import NodeControl
+from recovery.ports.slurm import SlurmControl
 from recovery.retry import Backoff
 from service.journaldb.journal import SqliteJournal
 from tests.fakes.nodes import FakeNodes
@@ -61,6 +64,8 @@ class Rig:
     agents: AgentReports | None = None
     """What the agents reported (the node checks' facts)."""
     burn_in: BurnIn | None = None
+    fence: Fence | None = None
+    """Asked before every Slurm or Kubernetes action (a replica's lease), when given."""
     logged: list[str] = field(default_factory=list)
     """What the engine logged."""
 
@@ -78,9 +83,14 @@ class Rig:
             ),
             kube=self.kube,
         )
+        slurm: SlurmControl = self.slurm
+        nodes: NodeControl | None = self.nodes
+        if self.fence is not None:
+            slurm = FencedSlurm(self.slurm, self.fence)
+            nodes = FencedNodes(self.nodes, self.fence) if self.nodes is not None else None
         return build_engine(
             journal=self.journal,
-            slurm=self.slurm,
+            slurm=slurm,
             clock=self.clock,
             rules=Rules(self.config, CATALOGUE),
             settings=settings,
@@ -88,7 +98,7 @@ class Rig:
             sleep=lambda _s: None,
             heartbeats=self.heartbeats,
             checker=self.checker,
-            nodes=self.nodes,
+            nodes=nodes,
             agents=self.agents,
             burn_in=self.burn_in,
         )
