@@ -144,7 +144,9 @@ def agent_config(
 @app.command("run")
 def run_cmd(
     node: Annotated[str, typer.Option(help="This node's name (as Slurm knows it).")],
-    coordinator: Annotated[str, typer.Option(help="The coordinator's URL.")],
+    coordinator: Annotated[
+        str, typer.Option(help="The coordinator's URL, or its replicas' URLs comma-separated.")
+    ],
     token_file: Annotated[
         Path,
         typer.Option(help="The tokens file (its 'node NAME TOKEN' line) or a file of the token."),

@@ -24,7 +24,8 @@ Url = Annotated[
     typer.Option(
         "--coordinator",
         envvar="RECOVER_COORDINATOR",
-        help="Coordinator URL [default: the one recorded in the state dir].",
+        help="Coordinator URL, or the replicas' URLs comma-separated [default: the one "
+        "recorded in the state dir].",
     ),
 ]
 TokenFile = Annotated[
