@@ -122,6 +122,12 @@ def build() -> dict[str, Any]:
                 Query("sum(increase(recover_incidents_closed_total[$__rate_interval]))",
                       "closed")),
     )  # fmt: skip
+    rows["Replicas"] = (
+        _series("Leader", "1 for the coordinator replica that leads (--lease), 0 standing by.",
+                Query("max by (instance) (recover_leader)", "{{instance}}")),
+        _series("Lease term", "How many times the lead changed hands.",
+                Query("max(recover_leader_term)", "term")),
+    )  # fmt: skip
     rows["Journal and intake"] = (
         _series("Journal commit latency", "Each journal write, durable when it returns.",
                 *_quantiles("recover_journal_commit_duration_seconds", "write"), unit="s"),

@@ -156,6 +156,11 @@ def test_the_standby_takes_over_a_killed_leader_and_finishes_the_incident_once(
     assert httpx.get(f"{b.url}/readyz").status_code == 503
     assert httpx.get(f"{a.url}/readyz").status_code == 200
     assert (a.metric("recover_leader"), b.metric("recover_leader")) == (1.0, 0.0)
+    # What only the leader knows, only the leader exports (a standby's "0 spares" would fire
+    # RecoverSparesExhausted).
+    assert a.metric("recover_spares_ready") == 1.0
+    with pytest.raises(AssertionError, match="not exported"):
+        b.metric("recover_spares_ready")
     # The leader wrote the endpoint file, so local `recover` commands find it.
     assert statedir.read_endpoint(pair.state_dir).url == a.url  # type: ignore[union-attr]
     # A standby refuses what only the leader holds, naming it.

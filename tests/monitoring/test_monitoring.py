@@ -18,6 +18,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.metrics import AgentMetrics
+from recovery.coordinator.replica import Role
 from recovery.ports.clock import FakeClock
 from service.httpapi.app import create_app
 from service.httpapi.server import ServerThread
@@ -64,8 +65,10 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     clock = FakeClock()
     store = SqliteJournal(tmp_path_factory.mktemp("j") / "j.db", clock, checkpoint_every_s=None)
     work = WorkMetrics()
+    leading = Role("leader", "c1", "c1", 1)  # a replica: the leader's gauges too
     app: Any = create_app(journal=MeteredJournal(store, work), tokens=tokens(),
-                          coordinator=FakeCoordinator(), clock=clock, work=work)  # fmt: skip
+                          coordinator=FakeCoordinator(), clock=clock, work=work,
+                          role=lambda: leading)  # fmt: skip
     try:
         with ServerThread(app) as server:
             coordinator = httpx.get(server.url + "/metrics", timeout=30).text
