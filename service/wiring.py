@@ -270,17 +270,23 @@ class LeaseOptions:
             raise unknown_choice("lease", self.kind, LEASE_KINDS)
 
 
-def lease_store(opts: LeaseOptions, kube: KubeOptions | None, journal: Path) -> LeaseStore:
-    """Where the replicas' lease lives. UsageError for ``kube`` without Kubernetes options."""
-    if opts.kind == "journal":
-        from service.journaldb.lease import SqliteLease
-
-        return SqliteLease(journal, opts.name)
-    if kube is None:
+def check_lease(opts: LeaseOptions, kube: KubeOptions | None) -> None:
+    """UsageError for a lease the other options cannot reach (``kube`` without Kubernetes)."""
+    if opts.kind == "kube" and kube is None:
         raise UsageError(
             "--lease kube needs Kubernetes: --kubeconfig PATH or --in-cluster "
             "(or --lease journal for replicas that share one state dir)"
         )
+
+
+def lease_store(opts: LeaseOptions, kube: KubeOptions | None, journal: Path) -> LeaseStore:
+    """Where the replicas' lease lives. UsageError for ``kube`` without Kubernetes options."""
+    check_lease(opts, kube)
+    if opts.kind == "journal":
+        from service.journaldb.lease import SqliteLease
+
+        return SqliteLease(journal, opts.name)
+    assert kube is not None
     from k8s.lease import KubeLease
     from k8s.transport import Transport, api_client
 

@@ -49,6 +49,7 @@ from service.wiring import (
     LeaseOptions,
     SlurmAccess,
     burn_in_runner,
+    check_lease,
     lease_store,
     node_control,
     slurm_control,
@@ -94,6 +95,8 @@ def run_coordinator(
     config, no Slurm configured), JournalError when the journal cannot be opened."""
     env = os.environ if env is None else env
     host, port = parse_listen(opts.listen)
+    if opts.lease is not None:
+        check_lease(opts.lease, opts.kube)  # before Slurm is asked anything
     port = port or free_port(host)
     d = opts.state_dir.absolute()
     d.mkdir(parents=True, exist_ok=True)

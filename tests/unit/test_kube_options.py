@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from recovery.errors import UsageError
-from service.wiring import KubeOptions, node_control
+from service.wiring import KubeOptions, LeaseOptions, check_lease, node_control
 
 
 def test_either_a_kubeconfig_or_in_cluster() -> None:
@@ -39,3 +39,25 @@ def test_serve_refuses_a_bad_kubernetes_setting_before_touching_slurm(tmp_path: 
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "Unknown taint effect 'Sometimes'. Known: NoExecute, NoSchedule" in done.stderr
+
+
+def test_a_lease_is_one_of_the_known_kinds_and_kube_needs_kubernetes() -> None:
+    with pytest.raises(UsageError, match=r"Unknown lease 'etcd'\. Known: journal, kube"):
+        LeaseOptions(kind="etcd", identity="a")
+    with pytest.raises(UsageError, match="--lease kube needs Kubernetes"):
+        check_lease(LeaseOptions(kind="kube", identity="a"), None)
+    check_lease(LeaseOptions(kind="journal", identity="a"), None)
+
+
+@pytest.mark.slow
+def test_serve_refuses_a_kube_lease_without_kubernetes_before_touching_slurm(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "recover", "coordinator", "serve", "--state-dir",
+         str(tmp_path / "state"), "--slurm-conf", str(tmp_path / "no-slurm.conf"),
+         "--lease", "kube"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--lease kube needs Kubernetes: --kubeconfig PATH or --in-cluster" in done.stderr
