@@ -31,13 +31,19 @@ class Conflict(Exception):
     """409: the object changed since it was read. Raised to the caller, which reads again."""
 
 
-def api_client(kubeconfig: Path | None = None, *, in_cluster: bool = False) -> client.ApiClient:
+def api_client(
+    kubeconfig: Path | None = None, *, in_cluster: bool = False, retries: int | None = None
+) -> client.ApiClient:
     """An ApiClient for the cluster: in-cluster (the pod's ServiceAccount) or from the
-    kubeconfig at ``kubeconfig`` (None: ``$KUBECONFIG`` or ``~/.kube/config``).
+    kubeconfig at ``kubeconfig`` (None: ``$KUBECONFIG`` or ``~/.kube/config``). ``retries``:
+    how often a failed connection or read is tried again inside one request (None: the
+    client's default, 3: a request may then take four timeouts).
 
     Raises UsageError saying what is missing when neither works.
     """
     conf = client.Configuration()
+    if retries is not None:
+        conf.retries = retries
     try:
         if in_cluster:
             config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]

@@ -290,5 +290,8 @@ def lease_store(opts: LeaseOptions, kube: KubeOptions | None, journal: Path) -> 
     from k8s.lease import KubeLease
     from k8s.transport import Transport, api_client
 
-    client = api_client(kube.kubeconfig, in_cluster=kube.in_cluster)
-    return KubeLease(Transport(client, timeout_s=2.0), opts.namespace, opts.name)
+    # One try per request: the election asks again every round, and a renewal that hangs in
+    # the client's own retries (4 x the timeout) would outlast the renew deadline.
+    client = api_client(kube.kubeconfig, in_cluster=kube.in_cluster, retries=0)
+    timeout_s = max(0.5, min(2.0, opts.renew_deadline_s / 2))
+    return KubeLease(Transport(client, timeout_s=timeout_s), opts.namespace, opts.name)
