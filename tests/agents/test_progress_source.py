@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,13 @@ class Rig:
         }  # fmt: skip
 
     def tick(self) -> list[HealthEvent]:
-        return [e for s in self.sources.values() for e in s.tick()]
+        """One look by each agent, at the same time, as separate agents look: the one that
+        reports waits (up to STACKS_WAIT_S) for the other's stacks, which the other takes in
+        its own look meanwhile. (Looking one after the other, a report found first by the
+        second agent waited for stacks the first could only take after it.)"""
+        with ThreadPoolExecutor(len(self.sources)) as pool:
+            found = list(pool.map(lambda s: s.tick(), self.sources.values()))
+        return [e for events in found for e in events]
 
     def until(self, what: str, done, timeout: float = 30.0) -> list[HealthEvent]:  # type: ignore[no-untyped-def]
         """Tick both agents every 0.2 s until ``done(events so far)``; the events."""
