@@ -75,12 +75,22 @@ def serve(
     slurmrestd: SlurmRestd = None,
     slurm_jwt_file: SlurmJwtFile = None,
     slurm_user: SlurmUser = None,
+    journal_dsn: Annotated[
+        str | None,
+        typer.Option(
+            envvar="RECOVER_JOURNAL_DSN",
+            help="Keep the journal in this PostgreSQL database (a libpq URL or key=value "
+            "string) instead of the state dir's SQLite file: what replicas on several "
+            "machines share.",
+        ),
+    ] = None,
     lease: Annotated[
         str | None,
         typer.Option(
             envvar="RECOVER_LEASE",
             help="Run as one replica of several, acting only while it holds the lease: "
-            "journal (a row of the journal's database: replicas sharing one state dir) or "
+            "journal (a row of the journal's database: the SQLite file of a shared state dir, "
+            "or --journal-dsn's PostgreSQL) or "
             "kube (a coordination.k8s.io Lease; needs --kubeconfig or --in-cluster).",
         ),
     ] = None,
@@ -132,6 +142,7 @@ def serve(
             tick_s=tick,
             kube=kube,
             slurm_access=SlurmAccess(slurm_backend, slurmrestd, slurm_jwt_file, slurm_user),
+            journal_dsn=journal_dsn,
             lease=None
             if lease is None
             else LeaseOptions(

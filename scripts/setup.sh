@@ -61,6 +61,24 @@ if ! command -v promtool >/dev/null; then
   [[ -z $made_policy ]] || as_root rm -f "$policy"
 fi
 
+# PostgreSQL 15: the coordinator's journal for replicas on several machines (--journal-dsn).
+# The tests start a private server of their own (tests/plugins/postgres.py); the package's
+# own cluster is never started here (the same policy-rc.d as above).
+if ! compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null; then
+  echo "== installing Debian's postgresql-15 (the journal's server, for the tests)"
+  as_root apt-get update -q
+  policy=/usr/sbin/policy-rc.d
+  made_policy=
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+    as_root chmod +x "$policy"
+    made_policy=1
+  fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    postgresql-15
+  [[ -z $made_policy ]] || as_root rm -f "$policy"
+fi
+
 if [[ ! -x .venv/bin/python ]]; then
   echo "== creating .venv"
   python3 -m venv .venv

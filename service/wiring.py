@@ -254,7 +254,8 @@ class LeaseOptions:
     """Leader election among coordinator replicas (``recover coordinator serve --lease``)."""
 
     kind: str
-    """``journal``: a row of the journal's SQLite database (replicas sharing one state dir);
+    """``journal``: a row of the journal's database (SQLite: replicas sharing one state dir;
+    PostgreSQL: replicas anywhere);
     ``kube``: a ``coordination.k8s.io`` Lease (needs --kubeconfig or --in-cluster)."""
     identity: str
     """This replica's name in the lease (unique among the replicas)."""
@@ -279,10 +280,18 @@ def check_lease(opts: LeaseOptions, kube: KubeOptions | None) -> None:
         )
 
 
-def lease_store(opts: LeaseOptions, kube: KubeOptions | None, journal: Path) -> LeaseStore:
-    """Where the replicas' lease lives. UsageError for ``kube`` without Kubernetes options."""
+def lease_store(
+    opts: LeaseOptions, kube: KubeOptions | None, journal: Path, journal_dsn: str | None = None
+) -> LeaseStore:
+    """Where the replicas' lease lives: for ``journal``, the PostgreSQL journal's database
+    when ``journal_dsn`` is given, else the SQLite ``journal`` file. UsageError for ``kube``
+    without Kubernetes options."""
     check_lease(opts, kube)
     if opts.kind == "journal":
+        if journal_dsn:
+            from service.journaldb.pglease import PgLease
+
+            return PgLease(journal_dsn, opts.name, timeout_s=max(0.5, opts.renew_deadline_s / 2))
         from service.journaldb.lease import SqliteLease
 
         return SqliteLease(journal, opts.name)

@@ -16,6 +16,7 @@ import pytest
 pytest_plugins = [
     "tests.plugins.slurm_cluster",
     "tests.plugins.kube_api",
+    "tests.plugins.postgres",
     "tests.plugins.demo_run",
 ]
 

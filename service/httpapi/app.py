@@ -347,7 +347,8 @@ def _service_routes(
     @app.get("/readyz", response_model=models.Health, responses={503: {"model": models.ErrorReply}})
     def readyz() -> Response:
         """Ready to act: the only coordinator, or the leader; 503 while a replica stands by
-        (a readiness probe: a Service then sends requests to the leader)."""
+        (for whatever must reach the leader alone; as a readiness probe it would keep a
+        disruption budget from ever evicting the leader, docs/coordinator.md)."""
         h = health()
         status = 503 if h.role == "standby" else 200
         return JSONResponse(h.model_dump(exclude_none=True), status_code=status)

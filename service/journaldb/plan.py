@@ -4,18 +4,18 @@ opening or joining an incident, planning a decision's actions."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 
 from recovery.model import Decision, Verdict
 from recovery.ports.clock import Stamp
 from recovery.ports.journal import ActionRecord, ActionStatus, IncidentStatus, PhaseName
+from service.journaldb.rows import Sql
 
 #: Ids per ``IN (...)`` query: SQLite allows 999 parameters in older builds.
 CHUNK = 500
 
 
-def stored_ids(c: sqlite3.Connection, ids: Sequence[str]) -> set[str]:
+def stored_ids(c: Sql, ids: Sequence[str]) -> set[str]:
     """Those of ``ids`` already in the events table."""
     found: set[str] = set()
     for start in range(0, len(ids), CHUNK):  # stay under SQLite's parameter limit
@@ -25,7 +25,7 @@ def stored_ids(c: sqlite3.Connection, ids: Sequence[str]) -> set[str]:
     return found
 
 
-def open_or_join(c: sqlite3.Connection, decision: Decision, at: Stamp) -> None:
+def open_or_join(c: Sql, decision: Decision, at: Stamp) -> None:
     """Create the decision's incident, or raise the existing one's verdict if this one is
     worse; record its ``decided`` phase (kept from the first decision)."""
     incident = decision.incident
@@ -49,20 +49,21 @@ def open_or_join(c: sqlite3.Connection, decision: Decision, at: Stamp) -> None:
             "UPDATE incidents SET verdict = ? WHERE id = ?", (decision.verdict.value, incident)
         )
     c.execute(
-        "INSERT OR IGNORE INTO phases(incident, name, wall, mono, detail) VALUES (?, ?, ?, ?, ?)",
+        "INSERT INTO phases(incident, name, wall, mono, detail) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT DO NOTHING",
         (incident, PhaseName.decided.value, at.wall, at.mono, decision.why),
     )
 
 
-def plan_actions(c: sqlite3.Connection, decision: Decision, at: Stamp) -> list[ActionRecord]:
+def plan_actions(c: Sql, decision: Decision, at: Stamp) -> list[ActionRecord]:
     """Insert the decision's actions in order (held when the decision is held) and return
     their records."""
     status = ActionStatus.held if decision.held else ActionStatus.planned
     planned: list[ActionRecord] = []
     for position, action in enumerate(decision.actions):
-        cur = c.execute(
+        (action_id,) = c.execute(
             "INSERT INTO actions(incident, event_id, position, body, status, "
-            "planned_wall, planned_mono) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "planned_wall, planned_mono) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
             (
                 decision.incident,
                 decision.event_id,
@@ -72,11 +73,10 @@ def plan_actions(c: sqlite3.Connection, decision: Decision, at: Stamp) -> list[A
                 at.wall,
                 at.mono,
             ),
-        )
-        assert cur.lastrowid is not None  # an INSERT into a rowid table always sets it
+        ).fetchone()
         planned.append(
             ActionRecord(
-                id=cur.lastrowid,
+                id=int(action_id),
                 incident=str(decision.incident),
                 action=action,
                 status=status,

@@ -8,9 +8,9 @@ parameters, hence the ``noqa: S608`` marks.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import defaultdict
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
 from recovery.errors import UsageError
 from recovery.model import Decision, HealthEvent, action_from_json
@@ -25,6 +25,26 @@ from recovery.ports.journal import (
     StoredEvent,
     incident_info,
 )
+
+
+class Rows(Protocol):
+    """What a statement returns (a sqlite3 or psycopg cursor)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Sql(Protocol):
+    """A connection inside a transaction, as the journal's SQL uses it: ``?`` parameters."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Rows: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> Any: ...
+
 
 EVENT_COLUMNS = "seq, events.body, received_wall, received_mono, decided"
 ACTION_COLUMNS = (
@@ -75,15 +95,13 @@ def unknown_incident(incident: str) -> UsageError:
     )
 
 
-def require_incident(c: sqlite3.Connection, incident: str) -> None:
+def require_incident(c: Sql, incident: str) -> None:
     """Raise UsageError unless ``incident`` exists."""
     if c.execute("SELECT 1 FROM incidents WHERE id = ?", (incident,)).fetchone() is None:
         raise unknown_incident(incident)
 
 
-def load_incidents(
-    c: sqlite3.Connection, where: str, args: tuple[Any, ...]
-) -> list[IncidentRecord]:
+def load_incidents(c: Sql, where: str, args: tuple[Any, ...]) -> list[IncidentRecord]:
     """Incidents matching ``where`` (SQL over the incidents table, with ``args``), oldest
     first, with their phases, actions and event ids: four queries, not four per incident."""
     chosen = f"SELECT id FROM incidents WHERE {where}"  # noqa: S608

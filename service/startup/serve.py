@@ -42,6 +42,7 @@ from service.httpapi.auth import TokenTable, generate_tokens, load_tokens
 from service.httpapi.server import free_port, serve
 from service.httpapi.workmetrics import MeteredJournal, WorkMetrics
 from service.journaldb.journal import SqliteJournal
+from service.journaldb.sqljournal import SqlJournal
 from service.startup.checks import CommandCheck
 from service.startup.kubewatch import NodeWatch
 from service.wiring import (
@@ -72,6 +73,9 @@ class ServeOptions:
     """Kubernetes (Slurm on Kubernetes): None for a Slurm-only cluster."""
     slurm_access: SlurmAccess = field(default_factory=SlurmAccess)
     """Which Slurm backend, and how it reaches slurmrestd or authenticates (``--slurm-*``)."""
+    journal_dsn: str | None = None
+    """The journal in this PostgreSQL database (``--journal-dsn``) instead of the state dir's
+    SQLite file: what replicas on several machines share."""
     lease: LeaseOptions | None = None
     """One replica of several, leading while it holds this lease (``--lease``); None: the
     only coordinator, acting from the start."""
@@ -107,7 +111,15 @@ def run_coordinator(
     nodes = node_control(opts.kube) if opts.kube is not None else None
     tokens = _tokens(d / TOKENS_FILE, slurm, log)
     clock = SystemClock()
-    store = SqliteJournal(d / JOURNAL_FILE, clock)
+    store: SqlJournal
+    if opts.journal_dsn:
+        from service.journaldb.pgjournal import PostgresJournal
+
+        store = PostgresJournal(opts.journal_dsn, clock)
+        journal_where = store.where
+    else:
+        store = SqliteJournal(d / JOURNAL_FILE, clock)
+        journal_where = str(d / JOURNAL_FILE)
     work = WorkMetrics()
     journal = MeteredJournal(store, work)  # every write counted for /metrics
     dry_run = opts.dry_run or config.dry_run
@@ -161,7 +173,7 @@ def run_coordinator(
         policy = running.policy
     else:
         elector = Elector(
-            lease_store(opts.lease, opts.kube, d / JOURNAL_FILE),
+            lease_store(opts.lease, opts.kube, d / JOURNAL_FILE, opts.journal_dsn),
             opts.lease.identity,
             time.monotonic,
             time.time,
@@ -194,7 +206,7 @@ def run_coordinator(
         where = "in-cluster" if opts.kube.in_cluster else str(opts.kube.kubeconfig)
         slinky = " (Slinky: drains through the operator)" if opts.kube.slinky else ""
         mode += f", Kubernetes {where}{slinky}"
-    log(f"coordinator: serving {url}, journal {d / JOURNAL_FILE}, policy {policy}{mode}")
+    log(f"coordinator: serving {url}, journal {journal_where}, policy {policy}{mode}")
     try:
         serve(app, host, port, log_level="warning", on_stop=agents.broker.close)
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery import proc
+from recovery import proc, statedir
 from service.daemons import agents as agents_proc
 from service.daemons import coordinator as coordinator_proc
 from slurm.cluster import LocalCluster
@@ -30,8 +30,22 @@ def policy_file() -> Path | None:
 
 
 @pytest.fixture
+def journal_dsn(request: pytest.FixtureRequest) -> str | None:
+    """Where the test's coordinator keeps its journal: None, the state dir's SQLite file (the
+    default); a test parametrizes it (indirectly) with ``postgres`` for a fresh database on
+    the session's PostgreSQL server."""
+    if getattr(request, "param", "sqlite") == "postgres":
+        return str(request.getfixturevalue("pg_dsn"))
+    return None
+
+
+@pytest.fixture
 def coordinator(
-    local_cluster: LocalCluster, slurm_ctl: object, tmp_path: Path, policy_file: Path | None
+    local_cluster: LocalCluster,
+    slurm_ctl: object,
+    tmp_path: Path,
+    policy_file: Path | None,
+    journal_dsn: str | None,
 ) -> Iterator[Coordinator]:
     """A fresh coordinator on the (reset) session cluster; stopped by pid afterwards."""
     real = shutil.which("scontrol")
@@ -43,10 +57,15 @@ def coordinator(
     shim.write_text(SHIM.format(log=log, real=real))
     shim.chmod(0o755)
     env = {**os.environ, "PATH": f"{shim_dir}:{os.environ['PATH']}"}
-    c = Coordinator(tmp_path / "coordinator", local_cluster.conf_path, env, log, config=policy_file)
+    c = Coordinator(
+        tmp_path / "coordinator", local_cluster.conf_path, env, log, config=policy_file,
+        journal_dsn=journal_dsn,
+    )  # fmt: skip
     c.start()
     try:
         yield c
+        if journal_dsn is not None:  # the journal went to PostgreSQL, not to a file
+            assert not (c.state_dir / statedir.JOURNAL_FILE).exists()
     finally:
         coordinator_proc.stop(c.state_dir)
         if c.endpoint is not None:

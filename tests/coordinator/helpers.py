@@ -35,12 +35,16 @@ class Coordinator:
     endpoint: statedir.Endpoint | None = None
     config: Path | None = None
     """The policy file it serves with (None: the defaults)."""
+    journal_dsn: str | None = None
+    """Its journal in this PostgreSQL database (None: the state dir's SQLite file)."""
     _seq: list[int] = field(default_factory=lambda: [0])
 
     def start(self) -> None:
+        extra = ["--journal-dsn", self.journal_dsn] if self.journal_dsn else []
         self.endpoint = coordinator_proc.start(
-            self.state_dir, slurm_conf=self.conf, env=self.env, config=self.config
-        )
+            self.state_dir, slurm_conf=self.conf, env=self.env, config=self.config,
+            extra_args=extra,
+        )  # fmt: skip
 
     def kill(self) -> None:
         """SIGKILL the coordinator process (no shutdown of any kind)."""

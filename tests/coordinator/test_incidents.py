@@ -134,6 +134,7 @@ def test_drain_reset_saves_before_the_job_leaves(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("journal_dsn", ["sqlite", "postgres"], indirect=True)
 def test_killed_coordinator_restarts_and_finishes_without_repeating(
     coordinator: Coordinator, slurm_ctl: CliSlurm, job_dir: Path
 ) -> None:

@@ -1,8 +1,8 @@
 """Two coordinator replicas (``recover coordinator serve --lease journal``, real processes
-sharing one state dir and journal) against the session's real Slurm cluster: one leads, the
-standby commits what is posted to it, and when the leader is SIGKILLed mid-incident (just
-before each Slurm update in turn) the standby takes the lease and finishes the incident with
-every Slurm action done once."""
+sharing one state dir and one journal: its SQLite file, or a PostgreSQL database) against the
+session's real Slurm cluster: one leads, the standby commits what is posted to it, and when
+the leader is SIGKILLed mid-incident (just before each Slurm update in turn) the standby takes
+the lease and finishes the incident with every Slurm action done once."""
 
 from __future__ import annotations
 
@@ -78,6 +78,7 @@ class Pair:
     env: dict[str, str]
     scontrol_log: Path
     kill_file: Path
+    journal_dsn: str | None
     replicas: list[Replica]
 
     def start(self, name: str) -> Replica:
@@ -87,6 +88,8 @@ class Pair:
             "--state-dir", str(self.state_dir), "--listen", f"127.0.0.1:{port}",
             "--slurm-conf", str(self.conf), "--lease", "journal", "--replica-id", name,
         ]  # fmt: skip
+        if self.journal_dsn:
+            argv += ["--journal-dsn", self.journal_dsn]
         log = self.state_dir.parent / f"{name}.log"
         pid = proc.spawn(argv, self.env, log)
         r = Replica(name, f"http://127.0.0.1:{port}", pid, log)
@@ -109,9 +112,14 @@ class Pair:
         return [ln for ln in self.scontrol_log.read_text().splitlines() if ln.startswith("update")]
 
 
-@pytest.fixture
-def pair(local_cluster: LocalCluster, slurm_ctl: object, tmp_path: Path) -> Iterator[Pair]:
-    """Replicas started by the test on one state dir; every one stopped by pid afterwards."""
+@pytest.fixture(params=["sqlite", "postgres"])
+def pair(
+    request: pytest.FixtureRequest, local_cluster: LocalCluster, slurm_ctl: object, tmp_path: Path
+) -> Iterator[Pair]:
+    """Replicas started by the test on one state dir, sharing the journal (and the lease in
+    it) in the state dir's SQLite file, or in a fresh PostgreSQL database; every replica
+    stopped by pid afterwards."""
+    dsn = str(request.getfixturevalue("pg_dsn")) if request.param == "postgres" else None
     real = shutil.which("scontrol")
     assert real is not None
     shim_dir = tmp_path / "shim"
@@ -123,7 +131,7 @@ def pair(local_cluster: LocalCluster, slurm_ctl: object, tmp_path: Path) -> Iter
     env = {**os.environ, "PATH": f"{shim_dir}:{os.environ['PATH']}"}
     state = tmp_path / "coordinator"
     state.mkdir()
-    p = Pair(state, local_cluster.conf_path, env, log, kill, [])
+    p = Pair(state, local_cluster.conf_path, env, log, kill, dsn, [])
     try:
         yield p
     finally:
@@ -206,6 +214,8 @@ def test_the_standby_takes_over_a_killed_leader_and_finishes_the_incident_once(
     assert pair.updates() == [DOWN.format(node=node), "update NodeName=spare1 State=RESUME"]
     assert slurm_ctl.job(job_id).restart_count == 1
     assert "took the lease (replica-a did not renew" in b.log.read_text()
+    # Where the journal is: the state dir's file, or PostgreSQL (and then no file at all).
+    assert (pair.state_dir / statedir.JOURNAL_FILE).exists() == (pair.journal_dsn is None)
     # The operator's commands go round the list to the leader (replica-a's address is dead).
     shown = subprocess.run(
         [RECOVER_SCRIPT, "status", "--coordinator", pair.urls,

@@ -109,6 +109,7 @@ def test_a_spare_whose_agent_died_is_rejected_then_taken_once_it_passes(
     rc, doc = _check(coordinator, "spare1")
     assert rc == 0, doc
     wait_for(lambda: slurm_ctl.node("spare1").in_service, 30, "spare1 promoted")
+
     def promoted() -> dict[str, Any] | None:
         found = coordinator.incident_on("node2")
         return found if found is not None and "spare-promoted" in phases(found) else None

@@ -9,6 +9,7 @@ import pytest
 
 from recovery.ports.clock import FakeClock
 from service.journaldb.journal import SqliteJournal
+from service.journaldb.sqljournal import SqlJournal
 from tests.service.helpers import Api, running_api
 
 
@@ -17,9 +18,18 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture
-def journal(tmp_path: Path, clock: FakeClock) -> Iterator[SqliteJournal]:
-    j = SqliteJournal(tmp_path / "journal.db", clock)
+@pytest.fixture(params=["sqlite", "postgres"])
+def journal(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
+) -> Iterator[SqlJournal]:
+    """The journal on each backend: a SQLite file, and a fresh PostgreSQL database."""
+    j: SqlJournal
+    if request.param == "sqlite":
+        j = SqliteJournal(tmp_path / "journal.db", clock)
+    else:
+        from service.journaldb.pgjournal import PostgresJournal
+
+        j = PostgresJournal(request.getfixturevalue("pg_dsn"), clock)
     yield j
     j.close()
 

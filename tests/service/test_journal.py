@@ -1,4 +1,5 @@
-"""SqliteJournal against a real SQLite file: every method of the Journal port."""
+"""The journal on both backends (a real SQLite file; a real PostgreSQL server's database,
+tests/plugins/postgres.py): every method of the Journal port."""
 
 from __future__ import annotations
 
@@ -14,20 +15,26 @@ from recovery.model import Decision, TakeDown, Verdict
 from recovery.ports.clock import FakeClock, Stamp
 from recovery.ports.journal import ActionStatus, IncidentStatus, JobPath, Journal, Phase, PhaseName
 from service.journaldb.journal import SqliteJournal
+from service.journaldb.sqljournal import SqlJournal
 from tests.service.helpers import event, replace_decision
 
 
-def test_it_is_the_journal_port(journal: SqliteJournal) -> None:
+def test_it_is_the_journal_port(journal: SqlJournal) -> None:
     port: Journal = journal  # mypy checks the structural match; this checks it runs
     assert port.undecided() == []
 
 
-def test_settings_make_every_commit_durable(journal: SqliteJournal) -> None:
-    assert journal._writer.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert journal._writer.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+def test_settings_make_every_commit_durable(journal: SqlJournal) -> None:
+    if isinstance(journal, SqliteJournal):
+        assert journal._writer.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert journal._writer.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        return
+    with journal._read("read settings") as c:  # a commit waits for its WAL flush
+        assert c.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+        assert c.execute("SHOW fsync").fetchone()[0] == "on"
 
 
-def test_append_reports_new_and_duplicate_ids(journal: SqliteJournal, clock: FakeClock) -> None:
+def test_append_reports_new_and_duplicate_ids(journal: SqlJournal, clock: FakeClock) -> None:
     first = clock.now()
     assert journal.append_events([event(1), event(2)], first) == [True, True]
     later = clock.advance(5)
@@ -42,7 +49,7 @@ def test_append_reports_new_and_duplicate_ids(journal: SqliteJournal, clock: Fak
     assert journal.append_events([], later) == []
 
 
-def test_group_commit_of_many_events(journal: SqliteJournal, clock: FakeClock) -> None:
+def test_group_commit_of_many_events(journal: SqlJournal, clock: FakeClock) -> None:
     events = [event(i, node=f"n{i % 7}") for i in range(5000)]
     assert all(journal.append_events(events, clock.now()))
     assert [s.event for s in journal.undecided()] == events
@@ -88,7 +95,7 @@ def test_decision_opens_incident_and_plans_actions(
     assert decision == replace_decision(ev, "inc-1")
 
 
-def test_held_decision_plans_held_actions(journal: SqliteJournal, clock: FakeClock) -> None:
+def test_held_decision_plans_held_actions(journal: SqlJournal, clock: FakeClock) -> None:
     ev = event(1)
     journal.append_events([ev], clock.now())
     held = journal.record_decision(replace_decision(ev, "inc-1", held=True), clock.now())
@@ -97,7 +104,7 @@ def test_held_decision_plans_held_actions(journal: SqliteJournal, clock: FakeClo
     assert journal.pending_actions() == []
 
 
-def test_deciding_again_changes_nothing(journal: SqliteJournal, clock: FakeClock) -> None:
+def test_deciding_again_changes_nothing(journal: SqlJournal, clock: FakeClock) -> None:
     ev = event(1)
     journal.append_events([ev], clock.now())
     first = journal.record_decision(replace_decision(ev, "inc-1"), clock.now())
@@ -106,7 +113,7 @@ def test_deciding_again_changes_nothing(journal: SqliteJournal, clock: FakeClock
     assert len(journal.pending_actions()) == 2
 
 
-def test_joining_an_incident_raises_its_verdict(journal: SqliteJournal, clock: FakeClock) -> None:
+def test_joining_an_incident_raises_its_verdict(journal: SqlJournal, clock: FakeClock) -> None:
     a, b = event(1, fault="xid13"), event(2)
     journal.append_events([a, b], clock.now())
     mild = Decision(a.id, a.node, a.fault, Verdict.restart_app, incident="inc-1", opens=True)
@@ -155,7 +162,7 @@ def test_bad_decisions_are_refused_and_leave_nothing(
     assert journal.incidents() == []
 
 
-def test_outcomes(journal: SqliteJournal, clock: FakeClock) -> None:
+def test_outcomes(journal: SqlJournal, clock: FakeClock) -> None:
     ev = event(1)
     journal.append_events([ev], clock.now())
     down, promote = journal.record_decision(replace_decision(ev, "inc-1"), clock.now())
@@ -180,14 +187,14 @@ def test_outcomes(journal: SqliteJournal, clock: FakeClock) -> None:
         journal.record_outcome(999, ActionStatus.done, clock.now())
 
 
-def _open_incident(journal: SqliteJournal, clock: FakeClock, i: int = 1) -> str:
+def _open_incident(journal: SqlJournal, clock: FakeClock, i: int = 1) -> str:
     ev = event(i)
     journal.append_events([ev], clock.now())
     journal.record_decision(replace_decision(ev, f"inc-{i}"), clock.now())
     return f"inc-{i}"
 
 
-def test_phases_keep_the_first_instant(journal: SqliteJournal, clock: FakeClock) -> None:
+def test_phases_keep_the_first_instant(journal: SqlJournal, clock: FakeClock) -> None:
     inc = _open_incident(journal, clock)
     first = clock.advance(3)
     assert journal.add_phase(inc, Phase(PhaseName.node_down, first, "scontrol ok"))
@@ -220,7 +227,7 @@ def test_update_incident_sets_jobs_and_merges_info(
     }
 
 
-def test_close_once(journal: SqliteJournal, clock: FakeClock) -> None:
+def test_close_once(journal: SqlJournal, clock: FakeClock) -> None:
     one, two = _open_incident(journal, clock, 1), _open_incident(journal, clock, 2)
     at = clock.advance(60)
     assert journal.close_incident(one, at, "job running")
@@ -242,19 +249,19 @@ def test_close_once(journal: SqliteJournal, clock: FakeClock) -> None:
         lambda j, at: j.close_incident("inc-404", at),
     ],
 )
-def test_unknown_incident_names_how_to_list(journal: SqliteJournal, clock: FakeClock, call) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_incident_names_how_to_list(journal: SqlJournal, clock: FakeClock, call) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(UsageError, match=r"Unknown incident 'inc-404'.*GET /v1/incidents"):
         call(journal, clock.now())
 
 
-def test_meta(journal: SqliteJournal) -> None:
+def test_meta(journal: SqlJournal) -> None:
     assert journal.get_meta("k") is None
     journal.set_meta("k", "1")
     journal.set_meta("k", "2")
     assert journal.get_meta("k") == "2"
 
 
-def test_events_by_id(journal: SqliteJournal, clock: FakeClock) -> None:
+def test_events_by_id(journal: SqlJournal, clock: FakeClock) -> None:
     journal.append_events([event(i) for i in range(1200)], clock.now())
     got = journal.events_by_id([f"ev-{i}" for i in (1100, 3, 700)] + ["nope"])
     assert [s.event.id for s in got] == ["ev-3", "ev-700", "ev-1100"]
