@@ -17,6 +17,7 @@ only on the one that leads (:mod:`recovery.coordinator.leader`).
 from __future__ import annotations
 
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -87,7 +88,7 @@ class Replica:
 
     def start(self) -> None:
         """Run the election until :meth:`stop` (the first round before returning)."""
-        self.tick()
+        self._round()
         self._thread = threading.Thread(target=self._run, name="recover-election", daemon=True)
         self._thread.start()
 
@@ -101,7 +102,13 @@ class Replica:
 
     def _run(self) -> None:
         while not self._stop.wait(self._elector.retry_s):
+            self._round()
+
+    def _round(self) -> None:
+        try:
             self.tick()
+        except Exception:  # the election must outlive any one bad round; it is logged
+            self._log("coordinator: election round failed:\n" + traceback.format_exc())
 
     def tick(self) -> Standing:
         """One round of the election, and the engine started or stopped to match."""

@@ -5,6 +5,7 @@ who does it once."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -160,3 +161,29 @@ def test_a_leader_deposed_mid_incident_stops_and_the_next_finishes_it_once(
     assert [a.status for a in rig.incident("n2").actions] == [ActionStatus.done] * 2
     rig.restart().step()
     assert rig.slurm.updates() == [DOWN, ("resume", "s1")]
+
+
+def test_a_round_that_fails_is_logged_and_the_election_goes_on() -> None:
+    store, clock = MemoryLease(), Clock()
+    logged: list[str] = []
+    starts: list[int] = []
+
+    def start() -> Engine:
+        starts.append(1)
+        if len(starts) == 1:
+            raise RuntimeError("the engine could not be built")
+        return Engine("a#1")
+
+    elector = Elector(store, "a", clock, lambda: 1_800_000_000.0 + clock.t, **TIMES)
+    replica = Replica(elector, start, log=logged.append)
+    elector.retry_s = 0.01  # the thread's rounds, quickly
+    replica.start()  # its first round fails: logged, and the next one builds the engine
+    try:
+        deadline = time.monotonic() + 10
+        while replica.role().role != "leader":
+            assert time.monotonic() < deadline, logged
+            time.sleep(0.01)
+    finally:
+        replica.stop()
+    assert any("the engine could not be built" in m for m in logged)
+    assert len(starts) >= 2
