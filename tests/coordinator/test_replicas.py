@@ -188,6 +188,9 @@ def test_the_standby_takes_over_a_killed_leader_and_finishes_the_incident_once(
     refused = httpx.get(f"{b.url}/v1/status", headers={"Authorization": f"Bearer {token}"})
     assert refused.status_code == 503
     assert "replica-b stands by (replica-a leads)" in refused.text
+    # A client given the standby first goes on to the leader.
+    both = Client(f"{b.url},{a.url}", token)
+    assert both.get("/v1/status")["nodes"]
 
     job_id = submit_loop(slurm_ctl, job_dir)
     (node,) = wait_for(lambda: running(slurm_ctl, job_id), 30, "the job running").nodes
