@@ -1,6 +1,6 @@
 """The coordinator's HTTP API: durable event intake, reads, and the operator verbs.
 
-Endpoints (every one but ``/healthz``, and ``/metrics`` unless configured, needs
+Endpoints (every one but ``/healthz``, ``/readyz``, and ``/metrics`` unless configured, needs
 ``Authorization: Bearer <token>`` from the tokens file, see :mod:`service.httpapi.auth`):
 
 * ``POST /v1/events`` - one HealthEvent or ``{"events": [...]}``; answered only once the
@@ -9,7 +9,11 @@ Endpoints (every one but ``/healthz``, and ``/metrics`` unless configured, needs
 * ``GET /v1/nodes``, ``GET /v1/status``, ``GET /v1/breaker`` - from the coordinator;
 * ``POST /v1/nodes/{node}/repaired``, ``POST /v1/nodes/{node}/check``, ``POST
   /v1/breaker/reset`` - admin token only;
-* ``GET /healthz``, ``GET /metrics`` (Prometheus text).
+* ``GET /healthz``, ``GET /readyz`` (503 on a replica standing by), ``GET /metrics``
+  (Prometheus text).
+
+On a replica standing by (``serve --lease``), what needs the engine or the agents' channel
+answers 503 naming the leader; events are committed as on the leader.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the dependency annotations of the
