@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agents.cli import agent_config
 from agents.link import CoordinatorLink, Refused, read_agent_token
+from recovery.coordinator.replica import Role
 from recovery.errors import CoordinatorUnavailableError, UsageError
-from service.httpapi.server import free_port
+from recovery.ports.clock import SystemClock
+from service.httpapi.app import create_app
+from service.httpapi.server import ServerThread, free_port
+from service.journaldb.journal import SqliteJournal
 from tests.agents.live import LiveCoordinator
+from tests.service.helpers import NODE_TOKENS, FakeCoordinator, event, tokens
 
 TOKENS = "# tokens\nadmin " + "a" * 20 + "\nnode n1 " + "1" * 20 + "\nnode n2 " + "2" * 20 + "\n"
 
@@ -59,3 +65,36 @@ def test_transport_failure_is_transient_and_a_refusal_is_a_verdict(
     assert e.value.status == 401
     for link in (down, wrong):
         link.close()
+
+
+def test_a_list_of_replicas_goes_past_a_dead_one_and_a_standby_to_the_leader(
+    live: LiveCoordinator, tmp_path: Path
+) -> None:
+    """``--coordinator dead,standby,leader``: the heartbeat (which only the leader takes)
+    and the events land on the leader, and the link keeps to it afterwards."""
+    clock = SystemClock()
+    journal = SqliteJournal(tmp_path / "standby.db", clock)
+    standby: Any = create_app(journal=journal, tokens=tokens(), coordinator=FakeCoordinator(),
+                              clock=clock, role=lambda: Role("standby", "b", "a", 1))  # fmt: skip
+    dead = f"http://127.0.0.1:{free_port()}"
+    try:
+        with ServerThread(standby) as server:
+            link = CoordinatorLink(
+                f"{dead},{server.url},{live.url}", NODE_TOKENS["n1"], "n1", timeout_s=5
+            )
+            link.heartbeat("0")
+            assert link.url == live.url
+            delivered = link.post_events([event(1, node="n1")])
+            assert delivered.accepted == ("ev-1",)
+            assert [s.event.id for s in live.journal.undecided()] == ["ev-1"]
+            assert journal.undecided() == []  # nothing went to the standby
+            link.close()
+            # All refusing: the caller sees why, replica by replica.
+            only = CoordinatorLink(f"{dead},{server.url}", NODE_TOKENS["n1"], "n1", timeout_s=5)
+            with pytest.raises(CoordinatorUnavailableError) as e:
+                only.heartbeat("0")
+            assert "does not answer" in str(e.value)
+            assert "replica b stands by (a leads)" in str(e.value)
+            only.close()
+    finally:
+        journal.close()
